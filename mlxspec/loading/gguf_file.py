@@ -1,0 +1,194 @@
+"""A small, tolerant GGUF reader: metadata, tensor table and raw tensor bytes.
+
+Why not `gguf.GGUFReader`: it refuses files holding tensor types its enum does not
+know (Q2_0, PrismML's PQ2_0 / PTQ1_0), and `mx.load` silently drops every tensor from
+the first unknown type onward. mlxspec needs the whole table to decide, tensor by
+tensor, what it can load and to name precisely what it cannot.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import MlxspecError
+
+GGUF_MAGIC = b"GGUF"
+
+# ggml type id -> (name, block size in weights, bytes per block)
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    9: ("Q8_1", 32, 36),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+    15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66),
+    17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18),
+    21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82),
+    23: ("IQ4_XS", 256, 136),
+    24: ("I8", 1, 1),
+    25: ("I16", 1, 2),
+    26: ("I32", 1, 4),
+    27: ("I64", 1, 8),
+    28: ("F64", 1, 8),
+    29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54),
+    35: ("TQ2_0", 256, 66),
+    41: ("Q1_0", 128, 18),
+    42: ("Q2_0", 64, 18),
+    142: ("PQ2_0", 128, 34),
+    143: ("PTQ1_0", 128, 28),
+}
+
+
+def type_name(type_id: int) -> str:
+    return GGML_TYPES.get(type_id, (f"unknown type {type_id}",))[0]
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    type_id: int
+    shape: tuple[int, ...]  # numpy/torch order: slowest axis first (ggml ne reversed)
+    offset: int  # absolute byte offset in the file
+    nbytes: int
+
+    @property
+    def type_name(self) -> str:
+        return type_name(self.type_id)
+
+
+@dataclass
+class GGUFFile:
+    path: str
+    version: int
+    metadata: dict[str, Any]
+    tensors: list[TensorInfo]
+    _mm: np.memmap | None = field(default=None, repr=False)
+
+    def tensor_map(self) -> dict[str, TensorInfo]:
+        return {t.name: t for t in self.tensors}
+
+    def raw(self, info: TensorInfo) -> np.ndarray:
+        """The tensor's bytes as a read-only uint8 view (no copy)."""
+        if self._mm is None:
+            self._mm = np.memmap(self.path, dtype=np.uint8, mode="r")
+        return self._mm[info.offset : info.offset + info.nbytes]
+
+    @property
+    def architecture(self) -> str | None:
+        return self.metadata.get("general.architecture")
+
+
+_SCALARS = {
+    0: ("<B", 1), 1: ("<b", 1), 2: ("<H", 2), 3: ("<h", 2), 4: ("<I", 4), 5: ("<i", 4),
+    6: ("<f", 4), 7: ("<?", 1), 10: ("<Q", 8), 11: ("<q", 8), 12: ("<d", 8),
+}
+_NP = {0: np.uint8, 1: np.int8, 2: np.uint16, 3: np.int16, 4: np.uint32, 5: np.int32,
+       6: np.float32, 7: np.bool_, 10: np.uint64, 11: np.int64, 12: np.float64}
+
+
+class _Cursor:
+    def __init__(self, buf: memoryview, path: str):
+        self.buf, self.pos, self.path = buf, 0, path
+
+    def take(self, n: int) -> memoryview:
+        if self.pos + n > len(self.buf):
+            raise MlxspecError(
+                f"{self.path}: GGUF file is truncated (header ends at byte {len(self.buf)}, "
+                f"needed {self.pos + n}); download it again"
+            )
+        out = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def scalar(self, t: int):
+        fmt, n = _SCALARS[t]
+        return struct.unpack(fmt, self.take(n))[0]
+
+    def string(self) -> str:
+        n = self.scalar(10)
+        return bytes(self.take(n)).decode("utf-8", errors="replace")
+
+    def value(self, t: int):
+        if t in _SCALARS:
+            v = self.scalar(t)
+            return bool(v) if t == 7 else v
+        if t == 8:
+            return self.string()
+        if t == 9:
+            et = self.scalar(4)
+            n = self.scalar(10)
+            if et in _NP:
+                size = _SCALARS[et][1]
+                arr = np.frombuffer(self.take(n * size), dtype=_NP[et]).copy()
+                return arr.tolist() if n <= 4096 else arr
+            return [self.value(et) for _ in range(n)]
+        raise MlxspecError(f"{self.path}: unknown GGUF metadata value type {t}; the file is corrupt")
+
+
+def read_gguf(path: str | os.PathLike) -> GGUFFile:
+    """Parse header, metadata and tensor table. Tensor data stays on disk (memmap)."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise MlxspecError(f"{path}: no such file; check the path")
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(4)
+        if head != GGUF_MAGIC:
+            raise MlxspecError(f"{path}: not a GGUF file (magic {head!r}); pass a .gguf file or a model directory")
+    mm = np.memmap(path, dtype=np.uint8, mode="r")
+    cur = _Cursor(memoryview(mm), path)
+    cur.take(4)
+    version = cur.scalar(4)
+    if version not in (2, 3):
+        raise MlxspecError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
+    n_tensors, n_kv = cur.scalar(10), cur.scalar(10)
+    metadata: dict[str, Any] = {}
+    for _ in range(n_kv):
+        key = cur.string()
+        metadata[key] = cur.value(cur.scalar(4))
+    raw_infos = []
+    for _ in range(n_tensors):
+        name = cur.string()
+        nd = cur.scalar(4)
+        ne = [cur.scalar(10) for _ in range(nd)]
+        t = cur.scalar(4)
+        off = cur.scalar(10)
+        raw_infos.append((name, t, tuple(reversed(ne)), off))
+    align = int(metadata.get("general.alignment", 32))
+    data_start = (cur.pos + align - 1) // align * align
+    tensors = []
+    for name, t, shape, off in raw_infos:
+        n_el = int(np.prod(shape)) if shape else 1
+        if t in GGML_TYPES:
+            _, bs, bb = GGML_TYPES[t]
+            nbytes = n_el // bs * bb
+        else:
+            nbytes = -1  # unknown: size cannot be computed
+        info = TensorInfo(name, t, shape, data_start + off, nbytes)
+        if nbytes >= 0 and info.offset + nbytes > size:
+            raise MlxspecError(
+                f"{path}: GGUF file is truncated: tensor {name} ends at byte {info.offset + nbytes} "
+                f"but the file has {size} bytes; download it again"
+            )
+        tensors.append(info)
+    return GGUFFile(path, version, metadata, tensors, mm)

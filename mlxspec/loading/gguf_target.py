@@ -1,0 +1,306 @@
+"""Target models (Llama, Qwen2, Qwen3 dense) from a GGUF file.
+
+Name mapping from llama.cpp to mlx-lm lives in `gguf_to_hf_name` (one function); the
+tensor conversions live in `convert_tensor`. Every tensor in the file's table is
+either converted or named in the error: nothing is dropped silently.
+
+Tensor types:
+- F32 / F16 / BF16: loaded as they are.
+- Q4_0 / Q4_1 / Q8_0: kept quantized, repacked losslessly into MLX affine
+  quantization (group 32; 4 or 8 bits), exactly what `mx.load` produces for them.
+- Q1_0 / Q2_0 / PQ2_0: repacked losslessly (bit-exact) into MLX affine bits 1/2.
+- K-quants and other types the `gguf` package can decode: dequantized to float16 with
+  `gguf.quants.dequantize` (memory cost: 2 bytes per weight instead of ~0.5).
+- Anything else: an error naming each such tensor and its type.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import MlxspecError
+from .gguf_file import GGUFFile, TensorInfo, read_gguf
+
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
+
+_LAYER_MAP = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_TOP_MAP = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+
+
+def gguf_to_hf_name(name: str) -> str | None:
+    """llama.cpp tensor name -> mlx-lm parameter prefix + suffix; None if unknown."""
+    base, _, suffix = name.rpartition(".")
+    if suffix not in ("weight", "bias"):
+        return None
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)", base)
+    if m and m.group(2) in _LAYER_MAP:
+        return f"model.layers.{m.group(1)}.{_LAYER_MAP[m.group(2)]}.{suffix}"
+    if base in _TOP_MAP:
+        return f"{_TOP_MAP[base]}.{suffix}"
+    return None
+
+
+# ---------------------------------------------------------------- tensor conversions
+
+def _pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
+    """Pack unsigned codes [rows, cols] into uint32 words, LSB first (MLX's order)."""
+    per = 32 // bits
+    rows, cols = codes.shape
+    c = codes.astype(np.uint32).reshape(rows, cols // per, per)
+    shifts = (np.arange(per, dtype=np.uint32) * bits)[None, None, :]
+    return np.bitwise_or.reduce(c << shifts, axis=2).astype(np.uint32)
+
+
+def _blocks(raw: np.ndarray, info: TensorInfo, block_bytes: int) -> np.ndarray:
+    return np.asarray(raw).reshape(-1, block_bytes)
+
+
+def _q4_0(raw, info):
+    rows, cols = info.shape
+    b = _blocks(raw, info, 18)
+    d = b[:, :2].copy().view(np.float16)[:, 0]
+    qs = b[:, 2:]
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=1)  # elements 0..15 low, 16..31 high
+    w = _pack_bits(codes.reshape(rows, cols), 4)
+    scales = d.reshape(rows, cols // 32)
+    return w, scales, (-8 * scales).astype(np.float16), 32, 4
+
+
+def _q4_1(raw, info):
+    rows, cols = info.shape
+    b = _blocks(raw, info, 20)
+    d = b[:, :2].copy().view(np.float16)[:, 0]
+    m = b[:, 2:4].copy().view(np.float16)[:, 0]
+    qs = b[:, 4:]
+    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=1)
+    w = _pack_bits(codes.reshape(rows, cols), 4)
+    return w, d.reshape(rows, cols // 32), m.reshape(rows, cols // 32), 32, 4
+
+
+def _q8_0(raw, info):
+    rows, cols = info.shape
+    b = _blocks(raw, info, 34)
+    d = b[:, :2].copy().view(np.float16)[:, 0]
+    q = b[:, 2:].view(np.int8).astype(np.int16) + 128
+    w = _pack_bits(q.reshape(rows, cols).astype(np.uint8), 8)
+    scales = d.reshape(rows, cols // 32)
+    return w, scales, (-128 * scales.astype(np.float32)).astype(np.float16), 32, 8
+
+
+_AFFINE = {2: _q4_0, 3: _q4_1, 8: _q8_0}
+_PLAIN = {0: np.float32, 1: np.float16}
+
+
+@dataclass
+class Converted:
+    """One converted tensor: either a plain array or an MLX affine-quantized triple."""
+
+    array: np.ndarray | None = None
+    wq: np.ndarray | None = None
+    scales: np.ndarray | None = None
+    biases: np.ndarray | None = None
+    group_size: int = 0
+    bits: int = 0
+    note: str = ""
+
+
+def _lowbit():
+    from . import lowbit  # written alongside the kernel layer
+
+    return lowbit
+
+
+def convert_tensor(g: GGUFFile, info: TensorInfo) -> Converted:
+    raw = g.raw(info) if info.nbytes >= 0 else None
+    t = info.type_id
+    if t in _PLAIN:
+        return Converted(array=np.frombuffer(raw, dtype=_PLAIN[t]).reshape(info.shape))
+    if t == 30:  # BF16 -> keep as bf16 via float32 bits
+        u = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
+        return Converted(array=u.view(np.float32).reshape(info.shape), note="bf16")
+    if len(info.shape) == 2 and t in _AFFINE:
+        w, s, b, gs, bits = _AFFINE[t](raw, info)
+        return Converted(wq=w, scales=s, biases=b, group_size=gs, bits=bits)
+    if len(info.shape) == 2 and t in (41, 42, 142):
+        lb = _lowbit()
+        w, s, b, gs, bits = lb.repack_mlx(t, raw, info.shape)
+        return Converted(wq=w, scales=s, biases=b, group_size=gs, bits=bits)
+    if t == 143:
+        lb = _lowbit()
+        return Converted(
+            array=lb.dequantize(t, raw, info.shape).astype(np.float16),
+            note="PTQ1_0 dequantized to float16 (ternary has no exact MLX affine form)",
+        )
+    try:
+        import gguf
+
+        qt = gguf.GGMLQuantizationType(t)
+        arr = gguf.quants.dequantize(np.asarray(raw), qt).reshape(info.shape)
+        return Converted(array=arr.astype(np.float16), note=f"{info.type_name} dequantized to float16")
+    except (ValueError, NotImplementedError, KeyError):
+        raise _Unsupported(info)
+
+
+class _Unsupported(Exception):
+    def __init__(self, info: TensorInfo):
+        self.info = info
+
+
+# ---------------------------------------------------------------- config
+
+def gguf_config(g: GGUFFile) -> dict:
+    """mlx-lm style config dict from GGUF metadata."""
+    md = g.metadata
+    arch = md.get("general.architecture")
+    if arch not in SUPPORTED_ARCHS:
+        raise MlxspecError(
+            f"{g.path}: architecture '{arch}' is not supported as a target; "
+            f"supported: {', '.join(SUPPORTED_ARCHS)}"
+        )
+
+    def get(key, default=None, required=True):
+        v = md.get(f"{arch}.{key}", default)
+        if v is None and required:
+            raise MlxspecError(f"{g.path}: metadata key {arch}.{key} is missing; the file is incomplete")
+        return v
+
+    tmap = g.tensor_map()
+    n_head = int(get("attention.head_count"))
+    hidden = int(get("embedding_length"))
+    emb = tmap.get("token_embd.weight")
+    vocab = int(md.get(f"{arch}.vocab_size") or (emb.shape[0] if emb else 0) or len(md.get("tokenizer.ggml.tokens", [])))
+    head_dim = int(get("attention.key_length", hidden // n_head, required=False))
+    cfg = {
+        "model_type": arch,
+        "hidden_size": hidden,
+        "num_hidden_layers": int(get("block_count")),
+        "intermediate_size": int(get("feed_forward_length")),
+        "num_attention_heads": n_head,
+        "num_key_value_heads": int(get("attention.head_count_kv", n_head, required=False)),
+        "head_dim": head_dim,
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6, required=False)),
+        "vocab_size": vocab,
+        "rope_theta": float(get("rope.freq_base", 10000.0, required=False)),
+        "tie_word_embeddings": "output.weight" not in tmap,
+        "max_position_embeddings": int(get("context_length", 32768, required=False)),
+    }
+    if arch == "qwen2":
+        cfg["attention_bias"] = "blk.0.attn_q.bias" in tmap
+    scaling = md.get(f"{arch}.rope.scaling.type")
+    if scaling and scaling != "none":
+        if scaling == "linear":
+            cfg["rope_scaling"] = {"type": "linear", "factor": float(md[f"{arch}.rope.scaling.factor"])}
+        else:
+            raise MlxspecError(f"{g.path}: rope scaling '{scaling}' is not supported yet; use a model without it")
+    return cfg
+
+
+def _unpermute(x: np.ndarray, n_head: int) -> np.ndarray:
+    """Undo llama.cpp's convert-time Q/K row permutation (rows = heads * head_dim).
+
+    The converter reorders each head's rows from HF's rotate-half RoPE layout to ggml's
+    interleaved layout. Rows are whole quantization groups, so this works on packed
+    weights, scales and biases alike, losslessly.
+    """
+    rows = x.shape[0]
+    return x.reshape(n_head, rows // n_head // 2, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+
+def load_gguf_weights(g: GGUFFile, cfg: dict) -> tuple[dict, dict, list[str]]:
+    """-> (weights name -> np array, quantization per module prefix, notes)."""
+    weights: dict[str, np.ndarray] = {}
+    quant: dict[str, dict] = {}
+    notes: list[str] = []
+    unsupported: list[TensorInfo] = []
+    unknown_names: list[str] = []
+    permute = cfg["model_type"] == "llama"
+    for info in g.tensors:
+        name = gguf_to_hf_name(info.name)
+        if name is None:
+            unknown_names.append(info.name)
+            continue
+        try:
+            c = convert_tensor(g, info)
+        except _Unsupported:
+            unsupported.append(info)
+            continue
+        prefix = name.rsplit(".", 1)[0]
+        n_perm = None
+        if permute and (".q_proj." in name or ".k_proj." in name):
+            n_perm = cfg["num_attention_heads"] if ".q_proj." in name else cfg["num_key_value_heads"]
+        fix = (lambda a: _unpermute(a, n_perm)) if n_perm else (lambda a: a)
+        if c.wq is not None:
+            weights[name] = fix(c.wq)
+            weights[prefix + ".scales"] = fix(c.scales)
+            weights[prefix + ".biases"] = fix(c.biases)
+            quant[prefix] = {"group_size": c.group_size, "bits": c.bits}
+        else:
+            weights[name] = fix(c.array)
+        if c.note and c.note not in notes:
+            notes.append(c.note)
+    if unsupported:
+        listed = ", ".join(f"{t.name} ({t.type_name})" for t in unsupported[:8])
+        more = f" and {len(unsupported) - 8} more" if len(unsupported) > 8 else ""
+        raise MlxspecError(
+            f"{g.path}: unsupported tensor type for {listed}{more}; "
+            "re-quantize the model to a supported type (F16, BF16, Q8_0, Q4_0, Q4_1, Q1_0, Q2_0, K-quants)"
+        )
+    if unknown_names:
+        raise MlxspecError(
+            f"{g.path}: tensors not used by the {cfg['model_type']} model: {', '.join(unknown_names[:8])}"
+            f"{' ...' if len(unknown_names) > 8 else ''}; this file is a different architecture or variant"
+        )
+    return weights, quant, notes
+
+
+def load_gguf_target(path: str):
+    """-> (mlx-lm model, config dict, GGUFFile, notes)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.utils import _get_classes
+
+    g = read_gguf(path)
+    cfg = gguf_config(g)
+    weights, quant, notes = load_gguf_weights(g, cfg)
+    model_class, args_class = _get_classes(cfg)
+    model = model_class(args_class.from_dict(cfg))
+    if quant:
+        def pred(p, m):
+            return quant.get(p, False) if hasattr(m, "to_quantized") else False
+
+        nn.quantize(model, class_predicate=pred)
+    want = dict(nn.utils.tree_flatten(model.parameters()))
+    missing = [k for k in want if k not in weights]
+    if missing:
+        raise MlxspecError(
+            f"{path}: required tensors are missing: {', '.join(missing[:6])}"
+            f"{' ...' if len(missing) > 6 else ''}; the file is incomplete"
+        )
+    arrays = {}
+    for k, v in weights.items():
+        a = mx.array(v)
+        if a.dtype == mx.float32 and v.ndim == 2 and k.endswith("weight"):
+            a = a.astype(mx.float16)  # dense matrices stored f32: run in f16 like mlx-lm
+        arrays[k] = a
+    model.load_weights(list(arrays.items()), strict=True)
+    mx.eval(model.parameters())
+    return model, cfg, g, notes

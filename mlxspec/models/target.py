@@ -1,0 +1,121 @@
+"""The target model: an mlx-lm model plus hidden-state taps and a trimmable cache.
+
+`Target` wraps any mlx-lm dense decoder whose module tree is `model.embed_tokens`,
+`model.layers`, `model.norm` (+ `lm_head` or tied embeddings): Llama, Qwen2, Qwen3.
+It does not fork those classes; it only walks their layers so it can keep the
+residual-stream output of chosen layers ("taps").
+
+Tap convention (the one used everywhere inside mlxspec): tap id k = the output of
+decoder layer k (0-based) = HF `hidden_states[k + 1]`. File formats with other
+conventions are converted once, at load time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.cache import KVCache
+
+
+@dataclass
+class TargetInfo:
+    """What a drafter must agree with."""
+
+    hidden_size: int
+    num_layers: int
+    vocab_size: int
+    model_type: str
+    source: str = ""
+    notes: list = field(default_factory=list)
+
+
+class Target:
+    def __init__(self, model: nn.Module, config: dict, source: str = "", notes=None):
+        self.model = model
+        self.config = config
+        inner = model.model
+        self.info = TargetInfo(
+            hidden_size=int(config["hidden_size"]),
+            num_layers=len(inner.layers),
+            vocab_size=int(inner.embed_tokens.weight.shape[0]),
+            model_type=str(config.get("model_type", "")),
+            source=source,
+            notes=list(notes or []),
+        )
+
+    # -- pieces a drafter borrows -------------------------------------------------
+    def embed(self, tokens: mx.array) -> mx.array:
+        return self.model.model.embed_tokens(tokens)
+
+    def lm_head(self, h: mx.array) -> mx.array:
+        """Logits from final-normed hidden states."""
+        if getattr(self.model, "lm_head", None) is not None:
+            return self.model.lm_head(h)
+        return self.model.model.embed_tokens.as_linear(h)
+
+    def make_cache(self) -> list:
+        return [KVCache() for _ in self.model.model.layers]
+
+    # -- forward --------------------------------------------------------------------
+    def __call__(
+        self,
+        tokens: mx.array,
+        cache: list,
+        taps: Sequence[int] = (),
+        logits: str = "all",
+    ) -> tuple[mx.array | None, mx.array | None]:
+        """Run tokens [1, L] through the target, appending to `cache`.
+
+        Returns (logits, taps): logits [1, L, V] ("all"), [1, 1, V] ("last") or None;
+        taps [1, L, len(taps) * H] (the outputs of the requested layers, concatenated
+        in the requested order) or None.
+        """
+        inner = self.model.model
+        h = inner.embed_tokens(tokens)
+        mask = create_attention_mask(h, cache[0])
+        want = {k: i for i, k in enumerate(taps)}
+        kept: list = [None] * len(taps)
+        last_tap = max(taps) if taps else -1
+        for i, (layer, c) in enumerate(zip(inner.layers, cache)):
+            h = layer(h, mask, cache=c)
+            if i in want:
+                kept[want[i]] = h
+            if logits == "none" and i == last_tap:
+                # Nothing after the deepest tap is needed; the caches of the layers
+                # above stay unchanged, so callers must use this only for tap-only
+                # passes over a throw-away cache.
+                break
+        tap_out = mx.concatenate(kept, axis=-1) if taps else None
+        if logits == "none":
+            return None, tap_out
+        if logits == "last":
+            h = h[:, -1:]
+        return self.lm_head(inner.norm(h)), tap_out
+
+    def forward_hidden(self, tokens: mx.array, taps: Sequence[int]) -> tuple[mx.array, mx.array]:
+        """Cache-free causal forward for training: (final normed hidden [B, L, H], taps)."""
+        inner = self.model.model
+        h = inner.embed_tokens(tokens)
+        mask = "causal" if tokens.shape[1] > 1 else None
+        want = {k: i for i, k in enumerate(taps)}
+        kept: list = [None] * len(taps)
+        for i, layer in enumerate(inner.layers):
+            h = layer(h, mask, cache=None)
+            if i in want:
+                kept[want[i]] = h
+        return inner.norm(h), mx.concatenate(kept, axis=-1)
+
+
+def cache_length(cache: list) -> int:
+    return cache[0].offset
+
+
+def trim_cache(cache: list, n: int) -> None:
+    """Drop the last n positions from every layer's cache."""
+    if n > 0:
+        for c in cache:
+            c.trim(n)
