@@ -227,6 +227,10 @@ class DFlashModel(nn.Module):
     def context(self, taps: mx.array) -> mx.array:
         return self.hidden_norm(self.fc(taps))
 
+    def layer_context_kv(self, ctx: mx.array, pos: mx.array) -> list:
+        """Per-layer context (k, v) for context rows [B, Lc, H] at positions [B, Lc]."""
+        return [layer.self_attn.context_kv(ctx, pos) for layer in self.layers]
+
     def block_embeddings(self, emb: mx.array) -> mx.array:
         """Add log-SNR conditioning (max on the anchor row, min on mask rows)."""
         if not self.config.log_snr:

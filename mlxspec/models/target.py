@@ -119,3 +119,42 @@ def trim_cache(cache: list, n: int) -> None:
     if n > 0:
         for c in cache:
             c.trim(n)
+
+
+def dequantize_model(model: nn.Module, dtype=mx.float32) -> nn.Module:
+    """Replace quantized Linear/Embedding layers by dense ones in `dtype`, in place.
+
+    Why: on Linux CPU, MLX's quantized matmul is a plain loop while dense float32
+    matmul goes through BLAS (OpenBLAS when preloaded), so a 16-row verify costs
+    ~2x a 1-row decode dense, but ~14x quantized. On Metal / CUDA keep the weights
+    quantized: there the quantized kernels are the fast path.
+    """
+
+    def dense(m):
+        w = mx.dequantize(m.weight, m.scales, m.biases, m.group_size, m.bits).astype(dtype)
+        if isinstance(m, nn.QuantizedEmbedding):
+            e = nn.Embedding(*w.shape)
+            e.weight = w
+            return e
+        lin = nn.Linear(w.shape[1], w.shape[0], bias="bias" in m)
+        lin.weight = w
+        if "bias" in m:
+            lin.bias = m.bias.astype(dtype)
+        return lin
+
+    def walk(mod):
+        for key, child in mod.children().items():
+            items = child if isinstance(child, list) else [child]
+            for i, c in enumerate(items):
+                if isinstance(c, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+                    if isinstance(child, list):
+                        child[i] = dense(c)
+                    else:
+                        setattr(mod, key, dense(c))
+                elif isinstance(c, nn.Module):
+                    walk(c)
+
+    walk(model)
+    model.apply(lambda a: a.astype(dtype) if mx.issubdtype(a.dtype, mx.floating) else a)
+    mx.eval(model.parameters())
+    return model

@@ -1,0 +1,93 @@
+"""Load a target model and its tokenizer from a GGUF file or an MLX/HF directory."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import mlx.core as mx
+
+from ..errors import MlxspecError
+from ..models.target import Target, dequantize_model
+from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
+
+
+def default_dense() -> bool:
+    """Dense float32 compute on the CPU backend (see `dequantize_model` for why)."""
+    return not (mx.metal.is_available() or _cuda_available())
+
+
+def _cuda_available() -> bool:
+    try:
+        return bool(mx.cuda.is_available())
+    except AttributeError:
+        return False
+
+
+def resolve_model_path(path: str | None) -> str:
+    if path is None:
+        from ..cache import default_model_path
+
+        return str(default_model_path())
+    return path
+
+
+def load_target(path: str | None = None, dense: bool | None = None) -> tuple[Target, Tokenizer]:
+    """-> (Target, Tokenizer). `path` None -> the default SmolLM2-135M-Instruct GGUF.
+
+    dense: None = float32 dense on CPU, keep quantized on Metal/CUDA.
+    """
+    path = resolve_model_path(path)
+    if dense is None:
+        dense = default_dense()
+    p = Path(path)
+    if not p.exists():
+        raise MlxspecError(f"{path}: no such file or directory; pass a .gguf file or an MLX/HF model directory")
+    if p.is_dir():
+        model, config, tok, notes = _load_dir(p)
+    else:
+        from .gguf_target import load_gguf_target
+
+        model, config, g, notes = load_gguf_target(str(p))
+        tok = load_gguf_tokenizer(g.metadata)
+    if dense:
+        dequantize_model(model, mx.float32)
+    target = Target(model, config, source=str(p), notes=notes)
+    if tok.vocab_size > target.info.vocab_size:
+        raise MlxspecError(
+            f"{path}: tokenizer has {tok.vocab_size} tokens but the model's embedding has "
+            f"{target.info.vocab_size} rows; the tokenizer does not belong to this model"
+        )
+    return target, tok
+
+
+def _load_dir(p: Path):
+    import json
+
+    from mlx_lm.utils import load_model
+
+    cfg_path = p / "config.json"
+    if not cfg_path.exists():
+        raise MlxspecError(f"{p}: no config.json; pass an MLX/HF model directory or a .gguf file")
+    config = json.loads(cfg_path.read_text())
+    mt = config.get("model_type")
+    if mt not in ("llama", "qwen2", "qwen3", "mistral"):
+        raise MlxspecError(f"{p}: model_type '{mt}' is not supported as a target; supported: llama, qwen2, qwen3")
+    if not list(p.glob("*.safetensors")):
+        raise MlxspecError(f"{p}: no .safetensors weights found; convert the checkpoint to safetensors")
+    try:
+        model, config = load_model(p)
+    except (ValueError, FileNotFoundError) as e:
+        raise MlxspecError(f"{p}: cannot load weights: {str(e).splitlines()[0]}") from None
+    if not (p / "tokenizer.json").exists():
+        raise MlxspecError(f"{p}: no tokenizer.json; copy the model's tokenizer files into the directory")
+    tok = load_hf_tokenizer(p)
+    return model, config, tok, []
+
+
+def save_mlx_dir(target: Target, tokenizer_src: str, out: str | os.PathLike, gguf_metadata: dict | None = None) -> Path:
+    """Write the target as an MLX directory (config.json + safetensors + tokenizer.json).
+
+    Used by `mlxspec convert` so mlx_lm can run the very same weights.
+    """
+    raise NotImplementedError
