@@ -785,8 +785,7 @@ def load_gguf_tokenizer(metadata: dict) -> Tokenizer:
     if model == "gemma4":
         add_bos = True  # llama.cpp forces it for Gemma 4
     add_eos = bool(_meta_bool(md, "tokenizer.ggml.add_eos_token") or False)
-    if _meta_bool(md, "tokenizer.ggml.remove_extra_whitespaces"):
-        raise MlxspecError("tokenizer.ggml.remove_extra_whitespaces is set; this normalization is not implemented")
+    # tokenizer.ggml.remove_extra_whitespaces only affects Unigram (t5) vocabularies in llama.cpp.
 
     def special_id(key: str, default: int | None) -> int | None:
         v = _meta_int(md, key)
@@ -994,22 +993,23 @@ def load_hf_tokenizer(path: str | os.PathLike) -> Tokenizer:
         types[i] = TOKEN_CONTROL if at.special else TOKEN_USER_DEFINED
 
     # how token strings map to bytes, from the decoder
-    dec = raw.get("decoder") or {}
-    dec_types = set()
+    dec_types: set = set()
+    strip_first = False
 
     def walk(x):
+        nonlocal strip_first
         if isinstance(x, dict):
             dec_types.add(x.get("type"))
-            for s in x.get("decoders") or []:
-                walk(s)
+            if x.get("type") == "Metaspace" and x.get("prepend_scheme", "always") != "never":
+                strip_first = x.get("add_prefix_space", True)
+            if x.get("type") == "Strip" and x.get("content") == " " and x.get("start", 0) >= 1:
+                strip_first = True
+            for sub in x.get("decoders") or []:
+                walk(sub)
 
-    walk(dec)
-    pre = raw.get("pre_tokenizer") or {}
+    walk(raw.get("decoder") or {})
     byte_level = "ByteLevel" in dec_types
     sp_style = bool(dec_types & {"Metaspace", "ByteFallback", "Replace"})
-    strip_first = False
-    if "Metaspace" in dec_types or "Strip" in dec_types:
-        strip_first = True
     if byte_level:
         def piece_of(i: int) -> bytes:
             return _byte_level_decode(tokens[i])
@@ -1022,7 +1022,6 @@ def load_hf_tokenizer(path: str | os.PathLike) -> Tokenizer:
     else:
         def piece_of(i: int) -> bytes:
             return hf.decode([i], skip_special_tokens=False).encode("utf-8")
-    del pre
 
     bos_t = _token_content(cfg.get("bos_token"))
     eos_t = _token_content(cfg.get("eos_token"))
