@@ -149,33 +149,75 @@ class DraftLayer(nn.Module):
 
 
 class MarkovHead(nn.Module):
-    """bias(prev) = W2 . W1[prev]. W1 = Embedding(V_target, r); W2 = Linear(r -> V_draft).
+    """Markov logit bias of DSpark. W1 = Embedding(V_target, r); W2 = Linear(r -> V_draft).
 
-    `gated` adds gate_proj (r -> r, sigmoid gate on W1[prev]); `rnn` adds joint_proj
-    ([r + H] -> r) mixing the row's hidden state into the state. Kept in float32.
+    Semantics of the three `markov_head_type`s, as in DeepSpec (`build_markov_head`) and
+    its public ports in SGLang and vLLM speculators (all agree); h is the row's post-norm
+    hidden state, e = W1[prev]:
+    - vanilla: bias = W2 . e
+    - gated:   g = sigmoid(gate_proj([h ; e])), bias = W2 . (g * e);
+               gate_proj: Linear(H + r -> r, bias)
+    - rnn:     a carry s starts at 0 for every block; (u, c, o) = split3(joint_proj([s ; e ; h]));
+               s' = sigmoid(u) * s + (1 - sigmoid(u)) * tanh(c); bias = W2 . tanh(o);
+               joint_proj: Linear(2r + H -> 3r, bias)
+    The confidence head always reads e (`state`), never the gated/recurrent latent.
+    `step` and `block_bias` are correct for every type; `bias(state(prev))` is the vanilla
+    shortcut and refuses the other types. Computed in float32.
     """
 
     def __init__(self, c: DrafterConfig):
         super().__init__()
         r, vd = c.markov_rank, c.draft_vocab_size or c.vocab_size
         self.kind = c.markov_head_type
+        self.rank = r
         self.markov_w1 = nn.Embedding(c.vocab_size, r)
         self.markov_w2 = nn.Linear(r, vd, bias=False)
         if self.kind == "gated":
-            self.gate_proj = nn.Linear(r, r, bias=True)
+            self.gate_proj = nn.Linear(c.hidden_size + r, r, bias=True)
         elif self.kind == "rnn":
-            self.joint_proj = nn.Linear(r + c.hidden_size, r, bias=False)
+            self.joint_proj = nn.Linear(2 * r + c.hidden_size, 3 * r, bias=True)
+        elif self.kind != "vanilla":
+            raise ValueError(f"unknown markov_head_type {self.kind!r} (vanilla, gated, rnn)")
 
     def state(self, prev: mx.array, hidden: mx.array | None = None) -> mx.array:
-        s = self.markov_w1(prev).astype(mx.float32)
-        if self.kind == "gated":
-            s = s * mx.sigmoid(self.gate_proj(s))
-        elif self.kind == "rnn":
-            s = mx.tanh(self.joint_proj(mx.concatenate([s, hidden.astype(mx.float32)], axis=-1)))
-        return s
+        """e = W1[prev] in float32: the confidence head's Markov feature (`hidden` unused)."""
+        return self.markov_w1(prev).astype(mx.float32)
 
     def bias(self, state: mx.array) -> mx.array:
+        """W2 . state: the whole bias for a vanilla head. Use `step`/`block_bias` otherwise."""
+        if self.kind != "vanilla":
+            raise NotImplementedError(
+                f"MarkovHead.bias(state) is the vanilla bias; a {self.kind} head needs step() or block_bias()"
+            )
         return self.markov_w2(state)
+
+    def step(self, prev: mx.array, hidden: mx.array | None = None, carry: mx.array | None = None):
+        """One left-to-right step: (bias [..., V_draft], carry for the next step).
+
+        prev [...] token ids, hidden [..., H] (needed by gated/rnn); carry None at the
+        first row of a block (rnn starts from zeros; other types ignore it)."""
+        e = self.state(prev)
+        if self.kind == "vanilla":
+            return self.markov_w2(e), None
+        h = hidden.astype(mx.float32)
+        if self.kind == "gated":
+            g = mx.sigmoid(self.gate_proj(mx.concatenate([h, e], axis=-1)))
+            return self.markov_w2(g * e), None
+        s = mx.zeros_like(e) if carry is None else carry
+        u, c, o = mx.split(self.joint_proj(mx.concatenate([s, e, h], axis=-1)), 3, axis=-1)
+        u = mx.sigmoid(u)
+        return self.markov_w2(mx.tanh(o)), u * s + (1.0 - u) * mx.tanh(c)
+
+    def block_bias(self, prev: mx.array, hidden: mx.array) -> mx.array:
+        """Teacher-forced bias for whole blocks: prev [..., L] ids, hidden [..., L, H] ->
+        [..., L, V_draft]; position k conditions on prev[..., k] (rnn scans along L)."""
+        if self.kind != "rnn":
+            return self.step(prev, hidden)[0]
+        out, carry = [], None
+        for k in range(prev.shape[-1]):
+            b, carry = self.step(prev[..., k], hidden[..., k, :], carry)
+            out.append(b)
+        return mx.stack(out, axis=-2)
 
 
 class ConfidenceHead(nn.Module):
