@@ -1,0 +1,252 @@
+"""Drafters behind one small interface (llama.cpp `common/speculative.cpp`'s shape).
+
+The decode loop (`engine.py`) only sees this protocol:
+
+    taps: tuple[int, ...]     # target layers whose outputs the drafter conditions on
+    max_drafts: int           # most drafts one call can return
+    begin(prompt_ids, prompt_taps)   after the target's prefill
+    draft(anchor, n, sp, rng) -> DraftOutput
+    accept(tokens, taps)      the committed rows (anchor + accepted drafts) and their taps
+
+Implementations: `BlockDrafter` (DFlash and DSpark: one forward drafts the block, plus
+the Markov chain for DSpark), `SimpleDrafter` (a classic small draft model), and
+`NoDrafter` (autoregressive).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import mlx.core as mx
+import numpy as np
+
+from ..models.dflash import DFlashModel, DraftOutput
+from ..models.target import Target, cache_length, trim_cache
+from .verify import SamplingParams, probs_from_logits, sample_token
+
+
+class Drafter(Protocol):
+    name: str
+    taps: tuple
+    max_drafts: int
+
+    def begin(self, prompt_ids: list[int], prompt_taps: mx.array | None) -> None: ...
+
+    def draft(self, anchor: int, n: int, sp: SamplingParams, rng: np.random.Generator) -> DraftOutput: ...
+
+    def accept(self, tokens: list[int], taps: mx.array | None) -> None: ...
+
+
+class NoDrafter:
+    name = "none"
+    taps: tuple = ()
+    max_drafts = 0
+
+    def begin(self, prompt_ids, prompt_taps):
+        pass
+
+    def draft(self, anchor, n, sp, rng):
+        return DraftOutput([], None, None)
+
+    def accept(self, tokens, taps):
+        pass
+
+
+def target_head_rows(target: Target, ids: mx.array | None) -> mx.array:
+    """The target's LM-head rows (all, or the draft vocabulary's), dense float32."""
+    m = target.model
+    mod = m.lm_head if getattr(m, "lm_head", None) is not None else m.model.embed_tokens
+    if hasattr(mod, "scales"):
+        w = mx.dequantize(mod.weight, mod.scales, mod.biases, mod.group_size, mod.bits)
+    else:
+        w = mod.weight
+    w = w if ids is None else w[ids]
+    return w.astype(mx.float32)
+
+
+class BlockDrafter:
+    """DFlash / DSpark drafting runtime: cached context K/V, one forward per block.
+
+    Invariant: the context covers target positions 0..ctx_len-1 and the anchor sits at
+    position ctx_len (checked in `draft`).
+    """
+
+    def __init__(self, model: DFlashModel, target: Target, block_size: int | None = None):
+        c = model.config
+        self.model, self.cfg, self.target = model, c, target
+        self.name = c.lineage
+        self.taps = tuple(c.target_layer_ids)
+        self.block_size = block_size or c.block_size
+        self.max_drafts = self.block_size if c.sample_from_anchor else self.block_size - 1
+        self.first_row = 0 if c.sample_from_anchor else 1
+        # Draft vocabulary -> target ids (EAGLE-3 offsets), and the head over it.
+        if c.draft_vocab_size:
+            self.d2t = mx.arange(c.draft_vocab_size, dtype=mx.int32) + model.d2t.astype(mx.int32)
+        else:
+            self.d2t = None
+        if c.has_lm_head:
+            self.head = model.lm_head.weight.astype(mx.float32)
+        else:
+            self.head = target_head_rows(target, self.d2t)
+        self.embed = model.embed_tokens if c.has_embed else target.embed
+        mx.eval(self.head)
+        self.reset()
+
+    # -- context ------------------------------------------------------------------
+    def reset(self):
+        self.ctx_kv: list = [None] * len(self.model.layers)
+        self.ctx_len = 0
+
+    def begin(self, prompt_ids, prompt_taps):
+        self.reset()
+        self.accept(prompt_ids, prompt_taps)
+
+    def accept(self, tokens, taps):
+        """Append the committed rows' taps [1, n, T*H] at positions ctx_len.. ctx_len+n-1."""
+        n = taps.shape[1]
+        if n == 0:
+            return
+        pos = mx.arange(self.ctx_len, self.ctx_len + n)[None]
+        ctx = self.model.context(taps.astype(self.head.dtype))
+        for i, layer in enumerate(self.model.layers):
+            k, v = layer.self_attn.context_kv(ctx, pos)
+            if self.ctx_kv[i] is not None:
+                pk, pv = self.ctx_kv[i]
+                k, v = mx.concatenate([pk, k], axis=2), mx.concatenate([pv, v], axis=2)
+            self.ctx_kv[i] = (k, v)
+        self.ctx_len += n
+
+    def trim_context(self, n: int):
+        """Drop the last n context rows (used by tests and by callers that rewind)."""
+        if n <= 0:
+            return
+        self.ctx_len -= n
+        self.ctx_kv = [(k[:, :, : self.ctx_len], v[:, :, : self.ctx_len]) for k, v in self.ctx_kv]
+
+    # -- drafting -------------------------------------------------------------------
+    def block_hidden(self, anchor: int, n_rows: int) -> mx.array:
+        p = self.ctx_len
+        toks = mx.array([[anchor] + [self.cfg.mask_token_id] * (n_rows - 1)])
+        emb = self.embed(toks).astype(self.head.dtype)
+        pos = mx.arange(p, p + n_rows)[None]
+        return self.model.hidden(emb, pos, self.ctx_kv)[0]  # [n_rows, H]
+
+    def base_logits(self, anchor: int, n: int) -> tuple[mx.array, mx.array]:
+        """Hidden states and logits (draft vocab, before any Markov correction) of the n
+        predicting rows, read by the file's layout."""
+        h = self.block_hidden(anchor, n + self.first_row)[self.first_row :]
+        return h, h @ self.head.T
+
+    def to_target(self, draft_ids: mx.array) -> mx.array:
+        return draft_ids if self.d2t is None else self.d2t[draft_ids]
+
+    def draft(self, anchor: int, n: int, sp: SamplingParams, rng: np.random.Generator) -> DraftOutput:
+        n = min(n, self.max_drafts)
+        if n <= 0:
+            return DraftOutput([], None, None)
+        h, base = self.base_logits(anchor, n)
+        mh = getattr(self.model, "markov_head", None)
+        ch = getattr(self.model, "confidence_head", None)
+        if mh is None:
+            if sp.greedy:
+                toks = self.to_target(mx.argmax(base, axis=-1))
+                conf = None
+                if ch is not None:
+                    conf = ch(h)
+                mx.eval(toks, *([conf] if conf is not None else []))
+                return DraftOutput(toks.tolist(), None, None if conf is None else conf.tolist(), base)
+            q_d = probs_from_logits(base, sp)
+            toks = [int(x) for x in _sample_rows(np.asarray(q_d), rng)]
+            tgt = self.to_target(mx.array(toks)).tolist()
+            return DraftOutput(tgt, self._scatter(q_d), None, base)
+        return self._markov_chain(anchor, h, base, mh, ch, sp, rng)
+
+    def _markov_chain(self, anchor, h, base, mh, ch, sp, rng):
+        """DSpark: z_k = base_k + W2 . W1[x_{k-1}], x_{-1} = anchor; left to right, each
+        step conditioned on the token actually drawn."""
+        with_markov = self.cfg.confidence_head_with_markov
+        prev = mx.array([anchor])
+        toks, zs, confs, qs = [], [], [], []
+        for k in range(base.shape[0]):
+            state = mh.state(prev, h[k : k + 1])
+            z = base[k : k + 1] + mh.bias(state)
+            if ch is not None:
+                confs.append(ch(h[k : k + 1], state if with_markov else None))
+            if sp.greedy:
+                d = mx.argmax(z, axis=-1)
+            else:
+                q = probs_from_logits(z, sp)
+                mx.eval(q)
+                d = mx.array([_sample_rows(np.asarray(q), rng)[0]])
+                qs.append(q)
+            prev = self.to_target(d)
+            toks.append(prev)
+            zs.append(z)
+        tok_arr = mx.concatenate(toks)
+        z_all = mx.concatenate(zs)
+        conf = mx.concatenate(confs) if confs else None
+        mx.eval(tok_arr, z_all, *([conf] if conf is not None else []))
+        probs = self._scatter(mx.concatenate(qs)) if qs else None
+        return DraftOutput(tok_arr.tolist(), probs, None if conf is None else conf.tolist(), z_all)
+
+    def _scatter(self, q_d: mx.array) -> mx.array:
+        """Draft-vocab distributions [n, Vd] -> target vocab [n, V]."""
+        if self.d2t is None:
+            return q_d
+        out = mx.zeros((q_d.shape[0], self.target.info.vocab_size), dtype=q_d.dtype)
+        out[:, self.d2t] = q_d
+        return out
+
+
+def _sample_rows(q: np.ndarray, rng: np.random.Generator) -> list[int]:
+    return [sample_token(row, rng) for row in q]
+
+
+class SimpleDrafter:
+    """A classic small draft model sharing the target's tokenizer (mlx-lm's draft model).
+
+    Its KV cache holds `held`; before drafting it is rewound to the longest common
+    prefix with the committed tokens and fed the rest plus the anchor.
+    """
+
+    name = "simple"
+    taps: tuple = ()
+
+    def __init__(self, draft: Target, num_draft: int = 4):
+        self.draft_model = draft
+        self.max_drafts = num_draft
+        self.cache, self.held, self.committed = None, [], []
+
+    def begin(self, prompt_ids, prompt_taps):
+        self.cache = self.draft_model.make_cache()
+        self.held, self.committed = [], list(prompt_ids)
+
+    def accept(self, tokens, taps):
+        self.committed += list(tokens)
+
+    def draft(self, anchor, n, sp, rng):
+        n = min(n, self.max_drafts)
+        if n <= 0:
+            return DraftOutput([], None, None)
+        keep = 0
+        lim = min(len(self.held), len(self.committed))
+        while keep < lim and self.held[keep] == self.committed[keep]:
+            keep += 1
+        trim_cache(self.cache, len(self.held) - keep)
+        feed = self.committed[keep:] + [anchor]
+        self.held = self.committed + [anchor]
+        toks, qs = [], []
+        for i in range(n):
+            logits, _ = self.draft_model(mx.array([feed]), self.cache, logits="last")
+            z = logits[0, -1:]
+            if sp.greedy:
+                x = int(mx.argmax(z, axis=-1).item())
+            else:
+                q = probs_from_logits(z, sp)
+                x = sample_token(np.asarray(q[0]), rng)
+                qs.append(q)
+            toks.append(x)
+            if i < n - 1:
+                feed = [x]
+                self.held.append(x)
+        return DraftOutput(toks, mx.concatenate(qs) if qs else None, None)

@@ -1,0 +1,244 @@
+"""The speculative decoding loop: draft, verify, accept, commit, trim.
+
+One function, `generate_steps`, drives any `Drafter`. Per step:
+  1. draft: the drafter proposes up to n tokens after the anchor (one forward for
+     block drafters, plus the Markov chain for DSpark);
+  2. optional truncation: `p_min` cut or the confidence scheduler;
+  3. verify: ONE target forward over [anchor, d_1..d_n] (with taps);
+  4. accept: `accept_greedy` / `accept_sampled` (pure functions in verify.py);
+  5. commit the accepted drafts plus the bonus; trim the target cache back to the
+     committed length; append the committed rows' taps to the drafter's context.
+
+Invariants (checked every step; `InvariantError` if broken):
+  - target cache length == number of committed tokens before the anchor
+    (prompt + generated - 1): the anchor itself is never in the cache;
+  - a block drafter's context length == the target cache length (its context ends
+    right before the anchor).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import mlx.core as mx
+import numpy as np
+
+from ..models.target import Target, cache_length, trim_cache
+from .drafters import Drafter, NoDrafter
+from .verify import SamplingParams, accept_greedy, accept_sampled, probs_from_logits, sample_token
+
+
+class InvariantError(AssertionError):
+    pass
+
+
+@dataclass
+class SpecStats:
+    prompt_tokens: int = 0
+    prompt_time: float = 0.0
+    generated: int = 0
+    target_forwards: int = 0  # verify forwards after the prefill
+    drafted: int = 0
+    accepted: int = 0
+    draft_time: float = 0.0
+    verify_time: float = 0.0
+    gen_time: float = 0.0
+    drafted_at: list = field(default_factory=list)  # per position i (0-based)
+    accepted_at: list = field(default_factory=list)
+    verify_lengths: list = field(default_factory=list)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tau(self) -> float:
+        """Tokens committed per target forward (bonus included), prefill excluded."""
+        return (self.generated - 1) / self.target_forwards if self.target_forwards else 1.0
+
+    @property
+    def per_position_acceptance(self) -> list:
+        return [a / d if d else 0.0 for a, d in zip(self.accepted_at, self.drafted_at)]
+
+    @property
+    def generation_tps(self) -> float:
+        return (self.generated - 1) / self.gen_time if self.gen_time > 0 else 0.0
+
+    @property
+    def prompt_tps(self) -> float:
+        return self.prompt_tokens / self.prompt_time if self.prompt_time > 0 else 0.0
+
+    def record(self, n: int, a: int):
+        while len(self.drafted_at) < n:
+            self.drafted_at.append(0)
+            self.accepted_at.append(0)
+        for i in range(n):
+            self.drafted_at[i] += 1
+            if i < a:
+                self.accepted_at[i] += 1
+        self.drafted += n
+        self.accepted += a
+
+    def to_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated": self.generated,
+            "target_forwards": self.target_forwards,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "tau": self.tau,
+            "per_position_acceptance": self.per_position_acceptance,
+            "draft_time_s": self.draft_time,
+            "verify_time_s": self.verify_time,
+            "generation_tps": self.generation_tps,
+            "prompt_tps": self.prompt_tps,
+        }
+
+
+def choose_verify_length(confidence: list[float], sps: dict[int, float]) -> int:
+    """The confidence scheduler: how many drafts to verify.
+
+    Survival a_j = prod_{i<=j} c_i estimates P(first j drafts all accepted); verifying l
+    drafts yields (1 + sum_{j<=l} a_j) tokens per step at SPS(1 + l) steps/s. Admit drafts
+    in order and stop at the first non-improvement (the prefix rule keeps it lossless:
+    the choice depends only on drafts, never on the target's answer).
+    """
+    best_l, best = 0, sps.get(1, 1.0)
+    surv, expected = 1.0, 1.0
+    for l, c in enumerate(confidence, start=1):
+        if l + 1 not in sps:
+            break
+        surv *= c
+        expected += surv
+        val = expected * sps[l + 1]
+        if val <= best:
+            break
+        best_l, best = l, val
+    return best_l
+
+
+def truncate_p_min(confidence: list[float], p_min: float) -> int:
+    """Cut the draft at the first position whose confidence is below p_min."""
+    for i, c in enumerate(confidence):
+        if c < p_min:
+            return i
+    return len(confidence)
+
+
+def generate_steps(
+    target: Target,
+    prompt_ids: list[int],
+    drafter: Drafter | None = None,
+    max_tokens: int = 256,
+    sampling: SamplingParams = SamplingParams(),
+    seed: int | None = 0,
+    eos_ids: set[int] | frozenset = frozenset(),
+    p_min: float | None = None,
+    scheduler: dict[int, float] | None = None,
+    max_drafts: int | None = None,
+    stats: SpecStats | None = None,
+    check_invariants: bool = True,
+) -> Iterator[list[int]]:
+    """Yield the tokens committed at each step (the first yield is the prefill's token).
+
+    Stops after an EOS token (included), or at max_tokens.
+    """
+    drafter = drafter or NoDrafter()
+    stats = stats if stats is not None else SpecStats()
+    rng = np.random.default_rng(seed)
+    taps = tuple(drafter.taps)
+    cache = target.make_cache()
+    if not prompt_ids:
+        raise ValueError("empty prompt")
+
+    t0 = time.perf_counter()
+    logits, ptaps = target(mx.array([prompt_ids]), cache, taps=taps, logits="last")
+    first = _pick(logits[0, -1], sampling, rng)
+    stats.prompt_tokens, stats.prompt_time = len(prompt_ids), time.perf_counter() - t0
+    drafter.begin(prompt_ids, ptaps)
+    t_gen = time.perf_counter()
+    stats.generated = 1
+    yield [first]
+    if first in eos_ids or max_tokens <= 1:
+        stats.gen_time = time.perf_counter() - t_gen
+        return
+    anchor, produced = first, 1
+    limit = drafter.max_drafts if max_drafts is None else min(max_drafts, drafter.max_drafts)
+
+    while produced < max_tokens:
+        if check_invariants:
+            _check(target, cache, drafter, len(prompt_ids) + produced - 1)
+        # 1. draft (never more than can still be committed: the bonus takes one slot)
+        n = min(limit, max_tokens - produced - 1)
+        td = time.perf_counter()
+        d = drafter.draft(anchor, n, sampling, rng) if n > 0 else None
+        drafts = list(d.tokens[:n]) if d else []
+        # 2. truncation by confidence
+        if d is not None and d.confidence is not None and drafts:
+            conf = d.confidence[: len(drafts)]
+            if p_min is not None:
+                drafts = drafts[: truncate_p_min(conf, p_min)]
+            if scheduler:
+                drafts = drafts[: choose_verify_length(conf[: len(drafts)], scheduler)]
+        stats.draft_time += time.perf_counter() - td
+        # 3. verify [anchor, drafts] in one forward
+        tv = time.perf_counter()
+        vlogits, vtaps = target(mx.array([[anchor] + drafts]), cache, taps=taps,
+                                logits="all" if drafts else "last")
+        # 4. accept
+        if sampling.greedy:
+            am = mx.argmax(vlogits[0], axis=-1)
+            mx.eval(am)
+            a, nxt = accept_greedy(drafts, am.tolist())
+        else:
+            p = probs_from_logits(vlogits[0], sampling)
+            mx.eval(p)
+            p_np = np.asarray(p)
+            if drafts:
+                q = np.asarray(d.probs[: len(drafts)])
+                a, nxt = accept_sampled(drafts, q, p_np, rng)
+            else:
+                a, nxt = 0, sample_token(p_np[0], rng)
+        # 5. commit, trim, feed the drafter
+        trim_cache(cache, len(drafts) - a)
+        if vtaps is not None:
+            drafter.accept([anchor] + drafts[:a], vtaps[:, : a + 1])
+        else:
+            drafter.accept([anchor] + drafts[:a], None)
+        stats.verify_time += time.perf_counter() - tv
+        stats.target_forwards += 1
+        stats.verify_lengths.append(len(drafts) + 1)
+        stats.record(len(drafts), a)
+        committed = drafts[:a] + [nxt]
+        for i, t in enumerate(committed):  # stop right after an EOS
+            if t in eos_ids:
+                committed = committed[: i + 1]
+                break
+        committed = committed[: max_tokens - produced]
+        produced += len(committed)
+        stats.generated = produced
+        stats.gen_time = time.perf_counter() - t_gen
+        yield committed
+        if committed[-1] in eos_ids:
+            return
+        anchor = committed[-1]
+    stats.gen_time = time.perf_counter() - t_gen
+
+
+def _pick(logits: mx.array, sp: SamplingParams, rng) -> int:
+    if sp.greedy:
+        return int(mx.argmax(logits).item())
+    p = probs_from_logits(logits[None], sp)
+    return sample_token(np.asarray(p[0]), rng)
+
+
+def _check(target, cache, drafter, expected_len):
+    n = cache_length(cache)
+    if n != expected_len:
+        raise InvariantError(f"target cache holds {n} positions, expected {expected_len}")
+    ctx = getattr(drafter, "ctx_len", None)
+    if ctx is not None and ctx != n:
+        raise InvariantError(f"drafter context holds {ctx} rows, target cache {n}")

@@ -1,0 +1,98 @@
+"""Verification: pure functions of (draft tokens, draft probs, target probs).
+
+No model inside; tested on their own with hand-made distributions.
+
+Greedy: accept the longest prefix where d_i == argmax(target row i-1's logits), then the
+bonus is the target argmax at the first mismatch (or after the last draft).
+
+Sampled (Leviathan et al. / Chen et al.): with p, q the target and draft distributions
+after the SAME temperature / top-k / top-p transform: accept d_i with probability
+min(1, p(d_i) / q(d_i)); on rejection draw from normalize(max(p - q, 0)); if every draft
+is accepted, draw the bonus from p of the last row. The output distribution equals
+sampling from the target alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+def probs_from_logits(logits: mx.array, sp: SamplingParams) -> mx.array:
+    """softmax(logits / T) restricted by top-k then top-p, renormalised. [..., V] float32.
+
+    Applied identically to target and draft logits (lossless sampling needs that).
+    """
+    x = logits.astype(mx.float32) / max(sp.temperature, 1e-6)
+    v = x.shape[-1]
+    if sp.top_k and 0 < sp.top_k < v:
+        kth = mx.sort(x, axis=-1)[..., v - sp.top_k][..., None]
+        x = mx.where(x < kth, -mx.inf, x)
+    p = mx.softmax(x, axis=-1)
+    if sp.top_p < 1.0:
+        order = mx.argsort(-p, axis=-1)
+        ps = mx.take_along_axis(p, order, axis=-1)
+        cum = mx.cumsum(ps, axis=-1)
+        keep_sorted = (cum - ps) < sp.top_p  # keep the smallest prefix reaching top_p
+        keep = mx.put_along_axis(mx.zeros_like(ps), order, keep_sorted.astype(ps.dtype), axis=-1)
+        p = p * keep
+        p = p / p.sum(axis=-1, keepdims=True)
+    return p
+
+
+def accept_greedy(draft: list[int], target_argmax: list[int]) -> tuple[int, int]:
+    """draft [n]; target_argmax [n+1] (row i = the target's choice after i drafts).
+
+    -> (number of accepted drafts a, the bonus token target_argmax[a]).
+    """
+    a = 0
+    while a < len(draft) and draft[a] == target_argmax[a]:
+        a += 1
+    return a, int(target_argmax[a])
+
+
+def accept_sampled(
+    draft: list[int],
+    q: np.ndarray,
+    p: np.ndarray,
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """draft [n]; q [n, V] draft probs; p [n+1, V] target probs (same transform).
+
+    -> (accepted count a, the next token: the residual sample at the first rejection,
+    or the bonus drawn from p[n] when all n are accepted).
+    """
+    n = len(draft)
+    for i in range(n):
+        d = draft[i]
+        pi, qi = float(p[i, d]), float(q[i, d])
+        if qi > 0 and rng.random() * qi < pi:  # u < p/q without dividing
+            continue
+        resid = np.maximum(p[i] - q[i], 0.0)
+        s = resid.sum()
+        if s <= 0:  # p == q exactly: any rejection is impossible in theory; fall back to p
+            resid, s = p[i], p[i].sum()
+        return i, int(_draw(resid / s, rng))
+    return n, int(_draw(p[n], rng))
+
+
+def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    c = np.cumsum(probs, dtype=np.float64)
+    return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(c) - 1))
+
+
+def sample_token(p: np.ndarray, rng: np.random.Generator) -> int:
+    return _draw(np.asarray(p, dtype=np.float64), rng)

@@ -1,0 +1,308 @@
+"""Train DFlash / DSpark drafters for a frozen target, in MLX.
+
+The whole method on one screen (nanoGPT's shape): cached target taps + labels come from
+`data.prepare_shards`; each step samples windows and random anchors, runs every block
+of every window in ONE drafter forward (one attention mask: a block sees the context
+strictly before its anchor and its own rows, never other blocks), and applies the
+lineage's loss. Embeddings and LM head are borrowed from the target and frozen.
+
+Losses (k = 1-based draft index inside the block):
+- DFlash: CE on the predicting rows, weight exp(-(k-1)/gamma).
+- DSpark: 0.1*CE + 0.9*L1(p_draft, p_target) + BCE(confidence, 1 - 0.5*L1), weights
+  exp(-(k-1)/4); Markov head teacher-forced on the label sequence.
+Labels: "target" = the target's own argmax / distribution at each position (what greedy
+verification accepts), or "corpus" = the raw next token (CE only).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten
+
+from ..models.dflash import DFlashModel, DrafterConfig
+
+
+@dataclass
+class TrainConfig:
+    lineage: str = "dspark"  # dspark | dflash
+    block_size: int = 8
+    sample_from_anchor: bool = True
+    layers: int = 1
+    intermediate_size: int = 1536
+    markov_rank: int = 32
+    confidence_head: bool = True
+    draft_vocab: int = 8192  # 0 = full target vocabulary
+    mask_token_id: int = 16
+    labels: str = "target"  # target | corpus
+    steps: int = 2000
+    seqs_per_step: int = 4
+    anchors_per_seq: int = 16
+    lr: float = 1e-3
+    warmup: int = 100
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    gamma: float = 0.0  # DFlash CE decay; 0 -> 7 for block >= 16 else 4
+    seed: int = 0
+    checkpoint_every: int = 250
+    taps: list = field(default_factory=list)
+
+
+def draft_vocabulary(shards: dict, vocab_size: int, n: int, always=()) -> np.ndarray:
+    """The n target ids most often predicted by the target (top-1) on the training data."""
+    counts = np.bincount(shards["topk_ids"][..., 0].ravel(), minlength=vocab_size)
+    counts += np.bincount(shards["tokens"].ravel(), minlength=vocab_size)
+    for t in always:
+        counts[t] = counts.max() + 1
+    ids = np.argsort(-counts, kind="stable")[:n]
+    return np.sort(ids).astype(np.int32)
+
+
+def make_drafter_config(tc: TrainConfig, target_info, target_cfg: dict) -> DrafterConfig:
+    h = target_info.hidden_size
+    heads = int(target_cfg["num_attention_heads"])
+    return DrafterConfig(
+        hidden_size=h,
+        intermediate_size=tc.intermediate_size,
+        num_hidden_layers=tc.layers,
+        num_attention_heads=heads,
+        num_key_value_heads=int(target_cfg.get("num_key_value_heads") or heads),
+        head_dim=int(target_cfg.get("head_dim") or h // heads),
+        block_size=tc.block_size,
+        target_layer_ids=list(tc.taps),
+        mask_token_id=tc.mask_token_id,
+        vocab_size=target_info.vocab_size,
+        sample_from_anchor=tc.sample_from_anchor,
+        rms_norm_eps=float(target_cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(target_cfg.get("rope_theta", 10000.0)),
+        markov_rank=tc.markov_rank if tc.lineage == "dspark" else 0,
+        confidence_head=tc.confidence_head and tc.lineage == "dspark",
+        draft_vocab_size=tc.draft_vocab or None,
+        source_format="mlxspec-train",
+        layout_reason="set explicitly by mlxspec train",
+    )
+
+
+class Batcher:
+    """Samples windows and anchors; builds the block mask and label tensors (numpy)."""
+
+    def __init__(self, shards: dict, tc: TrainConfig, t2d: np.ndarray, seed: int):
+        self.s, self.tc, self.t2d = shards, tc, t2d
+        self.rng = np.random.default_rng(seed)
+        self.n, self.L = shards["tokens"].shape
+
+    def __call__(self):
+        tc, s, L = self.tc, self.s, self.L
+        B, K, S = tc.block_size, tc.anchors_per_seq, tc.seqs_per_step
+        first = 0 if tc.sample_from_anchor else 1
+        n_pred = B - first
+        idx = self.rng.choice(self.n, S, replace=False)
+        # anchors a in [1, L - B - 1]: the block's predictions stay inside the window
+        anchors = np.stack([np.sort(self.rng.choice(np.arange(1, L - B - 1), K, replace=False)) for _ in idx])
+        j = np.arange(B)
+        pos = anchors[:, :, None] + j  # [S, K, B]
+        toks = s["tokens"][idx]
+        block_tok = np.full((S, K, B), tc.mask_token_id, np.int32)
+        block_tok[:, :, 0] = np.take_along_axis(toks, anchors, 1)
+        # mask [S, 1, K*B, L + K*B]
+        ctx_ok = np.arange(L)[None, None, None, :] < anchors[:, :, None, None]  # [S,K,1,L]
+        ctx_ok = np.broadcast_to(ctx_ok, (S, K, B, L)).reshape(S, K * B, L)
+        blk = np.arange(K).repeat(B)
+        blk_ok = np.broadcast_to(blk[:, None] == blk[None, :], (S, K * B, K * B))
+        mask = np.concatenate([ctx_ok, blk_ok], axis=-1)[:, None]
+        # predicted positions q for predicting rows; label distribution comes from q-1
+        rows = j[first:]
+        q = anchors[:, :, None] + rows + (1 if tc.sample_from_anchor else 0)  # [S,K,n]
+        src = q - 1
+        win = np.arange(S)[:, None, None]
+        if tc.labels == "corpus":
+            lab_t = toks[win, q]
+        else:
+            lab_t = s["topk_ids"][idx][win, src, 0]
+        # Markov teacher forcing: the token before q (the anchor at q-1 == a, else the label there)
+        prev_t = np.where(src == anchors[:, :, None], toks[win, anchors[:, :, None].repeat(n_pred, 2)],
+                          np.concatenate([lab_t[:, :, :1], lab_t[:, :, :-1]], axis=2))
+        tk_ids = self.t2d[s["topk_ids"][idx][win, src]]  # [S,K,n,TOPK] draft ids (-1 = not in vocab)
+        tk_p = s["topk_probs"][idx][win, src].astype(np.float32)
+        tk_p = np.where(tk_ids >= 0, tk_p, 0.0)
+        taps = s["taps"][idx]
+        return dict(
+            taps=mx.array(taps),
+            block_tok=mx.array(block_tok.reshape(S, K * B)),
+            pos=mx.array(pos.reshape(S, K * B)),
+            mask=mx.array(mask),
+            rows=mx.array(np.asarray(rows)),
+            label=mx.array(self.t2d[lab_t]),
+            prev=mx.array(prev_t.astype(np.int32)),
+            tk_ids=mx.array(np.maximum(tk_ids, 0)),
+            tk_p=mx.array(tk_p),
+        )
+
+
+def loss_fn(model: DFlashModel, frozen: dict, b: dict, tc: TrainConfig):
+    c = model.config
+    S, L, _ = b["taps"].shape
+    B, K = tc.block_size, tc.anchors_per_seq
+    ctx = model.context(b["taps"].astype(mx.float32))
+    layer_kv = model.layer_context_kv(ctx, mx.broadcast_to(mx.arange(L)[None], (S, L)))
+    emb = frozen["embed"][b["block_tok"]]
+    if c.log_snr:
+        emb = model.block_embeddings(emb.reshape(S * K, B, -1)).reshape(S, K * B, -1)
+    h = model.hidden(emb, b["pos"], layer_kv, b["mask"])  # [S, K*B, H]
+    h = h.reshape(S, K, B, -1)[:, :, b["rows"]]  # [S, K, n, H]
+    logits = h @ frozen["head"].T  # [S, K, n, Vd]
+    n = h.shape[2]
+    k = mx.arange(n, dtype=mx.float32)
+    label = b["label"]
+    valid = (label >= 0).astype(mx.float32)
+    state = None
+    if c.markov_rank:
+        state = model.markov_head.state(b["prev"], h)
+        logits = logits + model.markov_head.bias(state)
+    logits = logits.astype(mx.float32)
+    lse = mx.logsumexp(logits, axis=-1)
+    picked = mx.take_along_axis(logits, mx.maximum(label, 0)[..., None], axis=-1)[..., 0]
+    ce = (lse - picked) * valid
+    metrics = {}
+    if c.lineage == "dflash":
+        gamma = tc.gamma or (7.0 if B >= 16 else 4.0)
+        w = mx.exp(-k / gamma)
+        loss = (ce * w).sum() / (valid * w).sum()
+        metrics["ce"] = loss
+    else:
+        w = mx.exp(-k / 4.0)
+        p_d = mx.softmax(logits, axis=-1)
+        pd_k = mx.take_along_axis(p_d, b["tk_ids"], axis=-1)  # [S,K,n,TOPK]
+        l1 = mx.abs(pd_k - b["tk_p"]).sum(-1) + (1.0 - pd_k.sum(-1))
+        # a draft id may repeat in tk_ids only when padded (p=0), harmless for L1
+        wsum = w.sum() * S * K
+        ce_m = (ce * w).sum() / wsum
+        l1_m = (l1 * w).sum() / wsum
+        loss = 0.1 * ce_m + 0.9 * l1_m
+        metrics.update(ce=ce_m, l1=l1_m)
+        if c.confidence_head:
+            conf = model.confidence_head(h, state if c.confidence_head_with_markov else None)
+            tgt = mx.stop_gradient(mx.clip(1.0 - 0.5 * l1, 0.0, 1.0))
+            eps = 1e-6
+            bce = -(tgt * mx.log(conf + eps) + (1 - tgt) * mx.log(1 - conf + eps))
+            bce_m = (bce * w).sum() / wsum
+            loss = loss + bce_m
+            metrics["bce"] = bce_m
+    acc = ((mx.argmax(logits, -1) == label).astype(mx.float32) * valid).sum() / mx.maximum(valid.sum(), 1)
+    metrics["acc"] = acc
+    return loss, metrics
+
+
+def train(
+    target,
+    shards_dir: str,
+    out_dir: str,
+    tc: TrainConfig,
+    resume: bool = True,
+    log=print,
+) -> tuple[DFlashModel, DrafterConfig, dict]:
+    """Train a drafter; checkpoints in out_dir/ckpt; returns (model, config, history)."""
+    from tqdm import tqdm
+
+    from .data import load_shards
+
+    out = Path(out_dir)
+    (out / "ckpt").mkdir(parents=True, exist_ok=True)
+    shards = load_shards(shards_dir)
+    meta_path = Path(shards_dir) / "meta.json"
+    if not tc.taps:
+        tc.taps = json.loads(meta_path.read_text())["taps"] if meta_path.exists() else []
+    V = target.info.vocab_size
+    cfg = make_drafter_config(tc, target.info, target.config)
+    if tc.draft_vocab:
+        d_ids = draft_vocabulary(shards, V, tc.draft_vocab)
+    else:
+        d_ids = np.arange(V, dtype=np.int32)
+    t2d = np.full(V, -1, np.int32)
+    t2d[d_ids] = np.arange(len(d_ids), dtype=np.int32)
+    mx.random.seed(tc.seed)
+    model = DFlashModel(cfg)
+    # small init for the heads that start the drafter off as "no correction"
+    if cfg.markov_rank:
+        model.markov_head.markov_w1.weight = mx.random.normal(model.markov_head.markov_w1.weight.shape) * 0.02
+        model.markov_head.markov_w2.weight = mx.zeros(model.markov_head.markov_w2.weight.shape)
+    if cfg.draft_vocab_size:
+        model.d2t = mx.array(d_ids - np.arange(len(d_ids), dtype=np.int32))
+    embed = target.embed(mx.arange(V)).astype(mx.float32)
+    frozen = {"embed": embed, "head": _target_head(target)[mx.array(d_ids)]}
+    mx.eval(frozen)
+    model.freeze(keys=["d2t"], strict=False)
+
+    def lr_at(step):
+        if step < tc.warmup:
+            return tc.lr * (step + 1) / tc.warmup
+        p = (step - tc.warmup) / max(1, tc.steps - tc.warmup)
+        return tc.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, p))))
+
+    opt = optim.AdamW(learning_rate=tc.lr, weight_decay=tc.weight_decay)
+    start, history = 0, []
+    ck = out / "ckpt" / "state.json"
+    if resume and ck.exists():
+        st = json.loads(ck.read_text())
+        model.load_weights(str(out / "ckpt" / "model.safetensors"), strict=False)
+        opt_state = mx.load(str(out / "ckpt" / "optimizer.safetensors"))
+        from mlx.utils import tree_unflatten
+
+        opt.state = tree_unflatten(list(opt_state.items()))
+        start, history = st["step"], st["history"]
+        log(f"resumed from step {start}")
+    batcher = Batcher(shards, tc, t2d, tc.seed + start)
+    lvg = nn.value_and_grad(model, lambda m, b: loss_fn(m, frozen, b, tc))
+
+    def step_fn(b):
+        (loss, metrics), grads = lvg(model, b)
+        grads, norm = optim.clip_grad_norm(grads, tc.clip)
+        opt.update(model, grads)
+        return loss, metrics, norm
+
+    rows_per_step = tc.seqs_per_step * tc.anchors_per_seq * tc.block_size
+    bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, desc=f"train {tc.lineage}", unit="step")
+    t0, ema = time.time(), None
+    for step in bar:
+        opt.learning_rate = lr_at(step)
+        b = batcher()
+        loss, metrics, norm = step_fn(b)
+        mx.eval(model.parameters(), opt.state, loss, metrics)
+        lv = float(loss)
+        ema = lv if ema is None else 0.98 * ema + 0.02 * lv
+        el = time.time() - t0
+        rate = (step + 1 - start) * rows_per_step / max(el, 1e-9)
+        bar.set_postfix(loss=f"{ema:.3f}", acc=f"{float(metrics['acc']):.2f}", rows_s=f"{rate:.0f}")
+        if step % 25 == 0 or step == tc.steps - 1:
+            history.append({"step": step, "loss": lv, **{k: float(v) for k, v in metrics.items()},
+                            "lr": float(lr_at(step)), "elapsed_s": el})
+        if (step + 1) % tc.checkpoint_every == 0 or step == tc.steps - 1:
+            _checkpoint(out, model, opt, step + 1, history, tc, cfg)
+    bar.close()
+    return model, cfg, {"history": history, "train_config": asdict(tc), "draft_ids": d_ids}
+
+
+def _target_head(target) -> mx.array:
+    m = target.model
+    if getattr(m, "lm_head", None) is not None:
+        w = m.lm_head.weight
+    else:
+        w = m.model.embed_tokens.weight
+    return w.astype(mx.float32)
+
+
+def _checkpoint(out: Path, model, opt, step, history, tc, cfg):
+    ck = out / "ckpt"
+    model.save_weights(str(ck / "model.safetensors"))
+    mx.save_safetensors(str(ck / "optimizer.safetensors"), dict(tree_flatten(opt.state)))
+    (ck / "state.json").write_text(json.dumps({"step": step, "history": history,
+                                                "train_config": asdict(tc), "drafter_config": cfg.to_dict()}))
