@@ -1,0 +1,46 @@
+"""Custom kernels: one interface, three implementations (Metal, CUDA, pure MLX).
+
+    from mlxspec import kernels
+    kernels.backend()                      # "metal" | "cuda" | "reference"
+    y = kernels.lowbit_matmul(x, w_raw, type_id, (N, K))
+    tokens, probs = kernels.markov_chain(base_logits, w1, w2, anchor, temperature, key)
+    kernels.use_reference()                # or MLXSPEC_KERNELS=reference
+
+See mlxspec/kernels/README.md for the kernels, tolerances and the emulator used in tests.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from mlxspec.kernels._launch import ENV_VAR, KernelSpec, Launch, backend, runner, use_reference
+from mlxspec.kernels.lowbit import lowbit_matmul_kernel, lowbit_matmul_reference
+from mlxspec.kernels.markov import markov_chain_kernel, markov_chain_reference
+
+__all__ = [
+    "ENV_VAR", "KernelSpec", "Launch", "backend", "use_reference", "lowbit_matmul", "markov_chain",
+    "lowbit_matmul_reference", "markov_chain_reference",
+]
+
+
+def lowbit_matmul(x: mx.array, w: mx.array, type_id: int, shape) -> mx.array:
+    """y[M, N] = x[M, K] @ W^T for W [N, K] stored as GGUF low-bit blocks (uint8 or uint32 raw).
+
+    type_id: 41 Q1_0, 42 Q2_0, 142 PQ2_0, 143 PTQ1_0; shape = (N, K)."""
+    impl = backend()
+    if impl == "reference":
+        return lowbit_matmul_reference(x, w, type_id, shape)
+    return lowbit_matmul_kernel(x, w, type_id, shape, runner(impl))
+
+
+def markov_chain(base_logits: mx.array, w1: mx.array, w2: mx.array, anchor, temperature: float = 0.0,
+                 key=None) -> tuple[mx.array, mx.array]:
+    """DSpark Markov head over a block: tokens int32 [B] and their draft probabilities [B].
+
+    For k in 0..B-1: z_k = base_logits[k] + w2 @ w1[x_{k-1}] (x_{-1} = anchor);
+    x_k = argmax z_k when temperature == 0, else a Gumbel-max sample of softmax(z_k / T) with
+    noise derived from `key`; probs[k] = softmax(z_k / T)[x_k] (T = 1 when greedy)."""
+    impl = backend()
+    if impl == "reference":
+        return markov_chain_reference(base_logits, w1, w2, anchor, temperature, key)
+    return markov_chain_kernel(base_logits, w1, w2, anchor, temperature, key, runner(impl))
