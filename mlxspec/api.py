@@ -1,0 +1,273 @@
+"""Python API in mlx-lm's idiom: `load`, `generate`, `stream_generate`.
+
+    from mlxspec import load, generate
+    model, tokenizer, speculator = load(draft="auto")   # default SmolLM2 + shipped DSpark
+    text = generate(model, tokenizer, "Write a haiku", speculator=speculator, max_tokens=64)
+
+`model` is an mlxspec `Target` (wrapping an mlx-lm model). An app that already holds an
+mlx-lm model can pass it straight in: `generate(mlx_lm_model, mlx_lm_tokenizer, ...)`
+(wrapped on the fly), with `load_speculator(path, model)` for the drafter.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import mlx.core as mx
+
+from .errors import MlxspecError
+from .models.target import Target
+from .spec.drafters import BlockDrafter, NoDrafter, SimpleDrafter
+from .spec.engine import SpecStats, generate_steps
+from .spec.verify import SamplingParams
+
+SPEC_TYPES = ("auto", "draft-dflash", "draft-dspark", "draft-simple", "none")
+SHIPPED = Path(__file__).parent / "drafters"
+
+
+def shipped_drafter(kind: str = "dspark") -> Path | None:
+    """Path of a drafter shipped with mlxspec for the default target, if present."""
+    p = SHIPPED / f"smollm2-135m-{kind}"
+    return p if p.exists() else None
+
+
+@dataclass
+class Speculator:
+    """How to speculate: a drafter plus the knobs of the loop."""
+
+    drafter_factory: object = None  # callable(target) -> Drafter, or None (autoregressive)
+    spec_type: str = "none"
+    p_min: float | None = None
+    schedule: bool = False
+    num_draft_tokens: int | None = None
+    description: str = "autoregressive"
+    _profile: dict | None = field(default=None, repr=False)
+
+    def make_drafter(self, target):
+        return self.drafter_factory(target) if self.drafter_factory else NoDrafter()
+
+
+@dataclass
+class GenerationResponse:
+    """mlx_lm.generate.GenerationResponse's fields plus speculative statistics."""
+
+    text: str
+    token: int
+    logprobs: mx.array | None
+    from_draft: bool
+    prompt_tokens: int
+    prompt_tps: float
+    generation_tokens: int
+    generation_tps: float
+    peak_memory: float
+    finish_reason: str | None = None
+    acceptance_rate: float = 0.0
+    tau: float = 1.0
+    stats: SpecStats | None = None
+
+
+def load(
+    model: str | None = None,
+    draft: str | None = "auto",
+    spec_type: str = "auto",
+    block_size: int | None = None,
+    num_draft_tokens: int | None = None,
+    p_min: float | None = None,
+    schedule: bool = False,
+    log=sys.stderr,
+):
+    """-> (target, tokenizer, speculator).
+
+    model: .gguf file or MLX/HF dir; None = the default SmolLM2-135M-Instruct.
+    draft: a drafter path (dir or .gguf), "auto" (the shipped drafter when the default
+    model is used, else none), or None.
+    """
+    from .loading.target import load_target
+
+    target, tok = load_target(model)
+    if draft == "auto":
+        ship = shipped_drafter("dspark") if model is None else None
+        draft = str(ship) if (ship and spec_type != "none") else None
+    spec = load_speculator(draft, target, spec_type, block_size, num_draft_tokens, p_min, schedule, log)
+    return target, tok, spec
+
+
+def load_speculator(
+    draft: str | None,
+    target: Target,
+    spec_type: str = "auto",
+    block_size: int | None = None,
+    num_draft_tokens: int | None = None,
+    p_min: float | None = None,
+    schedule: bool = False,
+    log=sys.stderr,
+) -> Speculator:
+    if spec_type not in SPEC_TYPES:
+        raise MlxspecError(f"--spec-type {spec_type!r} is not one of {', '.join(SPEC_TYPES)}")
+    target = as_target(target)
+    if spec_type == "none" or (draft is None and spec_type == "auto"):
+        return Speculator()
+    if draft is None:
+        raise MlxspecError(f"--spec-type {spec_type} needs a drafter: pass --draft PATH")
+    if spec_type == "draft-simple":
+        from .loading.target import load_target
+
+        dmodel, dtok = load_target(draft)
+        if dmodel.info.vocab_size != target.info.vocab_size:
+            raise MlxspecError(
+                f"{draft}: draft model vocabulary ({dmodel.info.vocab_size}) differs from the target's "
+                f"({target.info.vocab_size}); draft-simple needs a model with the same tokenizer"
+            )
+        n = num_draft_tokens or 4
+        return Speculator(lambda t: SimpleDrafter(dmodel, n), "draft-simple", None, False, n,
+                          f"draft-simple {Path(draft).name} n={n}")
+    from .loading.drafter import load_drafter
+
+    dmodel, cfg = load_drafter(draft, target.info, requested=spec_type, log=log)
+    if block_size is not None:
+        if block_size > cfg.block_size:
+            raise MlxspecError(
+                f"--block-size {block_size} is longer than the drafter's trained block ({cfg.block_size}); "
+                f"use --block-size {cfg.block_size} or less"
+            )
+        if block_size < (1 if cfg.sample_from_anchor else 2):
+            raise MlxspecError(f"--block-size {block_size} leaves no draft rows; use 2 or more")
+    if (p_min is not None or schedule) and not cfg.confidence_head:
+        print(f"mlxspec: warning: {Path(draft).name} has no confidence head; "
+              "--p-min / --schedule are ignored (full blocks are verified)", file=log)
+        p_min, schedule = None, False
+    bs = block_size or cfg.block_size
+    return Speculator(lambda t: BlockDrafter(dmodel, t, bs), f"draft-{cfg.lineage}", p_min, schedule, None,
+                      f"{cfg.lineage} {Path(draft).name} block={bs}")
+
+
+def as_target(model) -> Target:
+    if isinstance(model, Target):
+        return model
+    if hasattr(model, "model") and hasattr(model.model, "layers"):
+        args = getattr(model, "args", None)
+        cfg = {"hidden_size": args.hidden_size, "model_type": getattr(args, "model_type", "")} if args else {}
+        if not cfg:
+            raise MlxspecError("cannot wrap this model: it has no .args with hidden_size")
+        cfg.update({k: getattr(args, k) for k in ("num_attention_heads", "num_key_value_heads", "head_dim",
+                                                   "rope_theta", "rms_norm_eps") if hasattr(args, k)})
+        return Target(model, cfg)
+    raise MlxspecError(f"cannot use {type(model).__name__} as a target: expected an mlx-lm model or mlxspec Target")
+
+
+def _eos_ids(tokenizer) -> set[int]:
+    ids = getattr(tokenizer, "eos_token_ids", None)
+    if ids is None:
+        eid = getattr(tokenizer, "eos_token_id", None)
+        ids = {eid} if eid is not None else set()
+    return set(ids)
+
+
+def stream_generate(
+    model,
+    tokenizer,
+    prompt: str | list[int],
+    speculator: Speculator | None = None,
+    max_tokens: int = 256,
+    temp: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int | None = 0,
+    stop: list[str] | None = None,
+) -> Iterator[GenerationResponse]:
+    """Yield one GenerationResponse per token (stats accumulate as it goes)."""
+    target = as_target(model)
+    spec = speculator or Speculator()
+    ids = tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) else list(prompt)
+    if not ids:
+        raise MlxspecError("the prompt is empty; pass some text with --prompt")
+    drafter = spec.make_drafter(target)
+    sched = profile_for(target, drafter) if spec.schedule else None
+    stats = SpecStats()
+    sp = SamplingParams(temp, top_p, top_k)
+    detok = tokenizer.detokenizer() if callable(getattr(tokenizer, "detokenizer", None)) else tokenizer.detokenizer
+    detok.reset()
+    eos = _eos_ids(tokenizer)
+    text_so_far, emitted = "", 0
+    stop = [s for s in (stop or []) if s]
+    mx.reset_peak_memory()
+    steps = generate_steps(target, ids, drafter, max_tokens, sp, seed, eos, spec.p_min, sched, spec.num_draft_tokens, stats)
+    finished = False
+    for committed in steps:
+        for j, tok in enumerate(committed):
+            emitted += 1
+            finish = None
+            if tok in eos:
+                finish = "stop"
+            elif emitted >= max_tokens:
+                finish = "length"
+            if tok not in eos:
+                detok.add_token(tok)
+            if finish:
+                detok.finalize()
+            seg = detok.last_segment
+            if stop:
+                text_so_far += seg
+                hit = min((text_so_far.find(s) for s in stop if s in text_so_far), default=-1)
+                if hit >= 0:
+                    cut = len(text_so_far) - len(seg)
+                    seg = text_so_far[cut:hit] if hit > cut else ""
+                    finish = "stop"
+            yield GenerationResponse(
+                text=seg, token=tok, logprobs=None, from_draft=j < len(committed) - 1,
+                prompt_tokens=stats.prompt_tokens, prompt_tps=stats.prompt_tps,
+                generation_tokens=emitted, generation_tps=stats.generation_tps,
+                peak_memory=mx.get_peak_memory() / 1e9, finish_reason=finish,
+                acceptance_rate=stats.acceptance_rate, tau=stats.tau, stats=stats,
+            )
+            if finish:
+                finished = True
+                break
+        if finished:
+            steps.close()
+            break
+
+
+def generate(model, tokenizer, prompt, speculator=None, verbose: bool = False, **kw) -> str:
+    text, last = "", None
+    for r in stream_generate(model, tokenizer, prompt, speculator, **kw):
+        if verbose:
+            print(r.text, end="", flush=True)
+        text += r.text
+        last = r
+    if verbose and last is not None:
+        print()
+        print(footer(last))
+    return text
+
+
+def footer(r: GenerationResponse) -> str:
+    s = r.stats
+    lines = [
+        "=" * 10,
+        f"Prompt: {r.prompt_tokens} tokens, {r.prompt_tps:.3f} tokens-per-sec",
+        f"Generation: {r.generation_tokens} tokens, {r.generation_tps:.3f} tokens-per-sec",
+    ]
+    if s is not None and s.drafted:
+        ppa = " ".join(f"{x:.2f}" for x in s.per_position_acceptance)
+        tot = s.draft_time + s.verify_time
+        lines.append(
+            f"Speculative: acceptance {100 * s.acceptance_rate:.1f}% ({s.accepted}/{s.drafted}), "
+            f"tau {s.tau:.2f} tokens/forward, draft {100 * s.draft_time / max(tot, 1e-9):.0f}% / "
+            f"verify {100 * s.verify_time / max(tot, 1e-9):.0f}% of step time"
+        )
+        lines.append(f"Per-position acceptance: {ppa}")
+    lines.append(f"Peak memory: {r.peak_memory:.3f} GB")
+    return "\n".join(lines)
+
+
+def profile_for(target: Target, drafter) -> dict[int, float]:
+    """Verify steps/second per block length (1 .. max_drafts+1), measured once per model
+    and device and cached in the mlxspec cache dir."""
+    from .spec.profile import verify_profile
+
+    return verify_profile(target, drafter.max_drafts + 1)

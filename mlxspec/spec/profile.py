@@ -1,0 +1,53 @@
+"""Verify-cost profile for the confidence scheduler: target steps/second per block length.
+
+Measured once per (model file, device) and cached as JSON under the mlxspec cache dir.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+
+import mlx.core as mx
+
+from ..models.target import Target, trim_cache
+
+
+def _key(target: Target, max_len: int) -> str:
+    src = target.info.source or "memory"
+    st = os.stat(src) if os.path.exists(src) else None
+    ident = f"{src}|{st.st_size if st else 0}|{st.st_mtime if st else 0}|{mx.default_device()}|{platform.node()}|{max_len}"
+    return hashlib.sha1(ident.encode()).hexdigest()[:16]
+
+
+def measure_verify_sps(target: Target, max_len: int, context: int = 128, repeats: int = 5) -> dict[int, float]:
+    cache = target.make_cache()
+    mx.eval(target(mx.array([[1] * context]), cache, logits="last")[0])
+    sps = {}
+    for L in range(1, max_len + 1):
+        x = mx.array([[7] * L])
+        times = []
+        for _ in range(repeats + 1):
+            t = time.perf_counter()
+            lg, _ = target(x, cache)
+            mx.eval(lg)
+            times.append(time.perf_counter() - t)
+            trim_cache(cache, L)
+        times = sorted(times[1:])
+        sps[L] = 1.0 / times[len(times) // 2]
+    return sps
+
+
+def verify_profile(target: Target, max_len: int) -> dict[int, float]:
+    from ..cache import cache_dir
+
+    path = cache_dir() / "profiles" / f"{_key(target, max_len)}.json"
+    if path.exists():
+        return {int(k): v for k, v in json.loads(path.read_text()).items()}
+    sps = measure_verify_sps(target, max_len)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(sps))
+    return sps

@@ -1,0 +1,107 @@
+"""`mlxspec train`: prepare target taps once, train a drafter, export, evaluate."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from ..errors import MlxspecError
+
+
+def add_train_args(p):
+    p.add_argument("--model", "-m", default=None, help="target (default SmolLM2-135M-Instruct)")
+    p.add_argument("--lineage", choices=("dspark", "dflash"), default="dspark")
+    p.add_argument("--out", "-o", required=True, help="output directory (checkpoints, exports, report)")
+    p.add_argument("--data", default=None, help="shard directory (default: <cache>/shards/<model>); prepared on first use")
+    p.add_argument("--corpus", action="append", default=None,
+                   help="CATEGORY=GLOB (repeatable); default: stdlib code, Python docs prose, fortunes")
+    p.add_argument("--tokens", default="code=100000,prose=50000,fortunes=10000", help="training tokens per category")
+    p.add_argument("--taps", default="1,8,15,22,28", help="target layers (output of layer k) the drafter reads")
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--block-size", type=int, default=8)
+    p.add_argument("--layout", choices=("anchor-first", "bonus-anchor"), default="anchor-first")
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--intermediate-size", type=int, default=1536)
+    p.add_argument("--markov-rank", type=int, default=32)
+    p.add_argument("--no-confidence", action="store_true")
+    p.add_argument("--draft-vocab", type=int, default=8192, help="reduced draft vocabulary size (0 = full)")
+    p.add_argument("--labels", choices=("target", "corpus"), default="target")
+    p.add_argument("--steps", type=int, default=2000)
+    p.add_argument("--seqs-per-step", type=int, default=4)
+    p.add_argument("--anchors-per-seq", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=100)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-resume", action="store_true")
+    p.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts per category for the final evaluation (0 = skip)")
+    p.add_argument("--prepare-only", action="store_true")
+
+
+def _parse_kv(s: str) -> dict:
+    out = {}
+    for part in s.split(","):
+        k, _, v = part.partition("=")
+        if not v:
+            raise MlxspecError(f"--tokens expects CATEGORY=N[,..], got {s!r}")
+        out[k.strip()] = int(v)
+    return out
+
+
+def cmd_train(a) -> int:
+    from ..cli import check_blas
+    from ..loading.target import load_target
+    from .data import DEFAULT_SOURCES, prepare_shards
+    from .export import export_all
+    from .trainer import TrainConfig, train
+
+    check_blas()
+    target, tok = load_target(a.model)
+    taps = [int(x) for x in a.taps.split(",")]
+    budget = _parse_kv(a.tokens)
+    sources = None
+    if a.corpus:
+        sources = {}
+        for c in a.corpus:
+            k, _, g = c.partition("=")
+            if not g:
+                raise MlxspecError(f"--corpus expects CATEGORY=GLOB, got {c!r}")
+            sources.setdefault(k, []).append(g)
+        budget = {k: v for k, v in budget.items() if k in sources} or {k: 50_000 for k in sources}
+    from ..cache import cache_dir
+
+    name = Path(target.info.source).stem
+    data = Path(a.data) if a.data else cache_dir() / "shards" / f"{name}-L{a.seq_len}-t{'_'.join(map(str, taps))}"
+    meta = {"taps": taps, "seq_len": a.seq_len, "budget": budget, "model": target.info.source,
+            "sources": sources or DEFAULT_SOURCES}
+    if not (data / "meta.json").exists():
+        t0 = time.time()
+        prepare_shards(target, tok, data, taps, a.seq_len, budget, sources=sources)
+        meta["prepare_s"] = time.time() - t0
+        (data / "meta.json").write_text(json.dumps(meta, indent=1))
+    elif json.loads((data / "meta.json").read_text())["taps"] != taps:
+        raise MlxspecError(f"{data}: shards were prepared for other taps; pass --data to a new directory")
+    if a.prepare_only:
+        return 0
+    tc = TrainConfig(
+        lineage=a.lineage, block_size=a.block_size, sample_from_anchor=a.layout == "anchor-first",
+        layers=a.layers, intermediate_size=a.intermediate_size, markov_rank=a.markov_rank,
+        confidence_head=not a.no_confidence, draft_vocab=a.draft_vocab, labels=a.labels, steps=a.steps,
+        seqs_per_step=a.seqs_per_step, anchors_per_seq=a.anchors_per_seq, lr=a.lr, warmup=a.warmup,
+        seed=a.seed, taps=taps,
+    )
+    out = Path(a.out)
+    t0 = time.time()
+    model, cfg, info = train(target, str(data), str(out), tc, resume=not a.no_resume)
+    train_s = time.time() - t0
+    paths = export_all(model, cfg, out)
+    report = {"train_config": asdict(tc), "train_seconds_this_run": train_s,
+              "history": info["history"], "exports": [str(p) for p in paths]}
+    if a.eval_prompts:
+        from ..evaluate import evaluate_drafter
+
+        report["eval"] = evaluate_drafter(target, tok, paths[0], n_per_category=a.eval_prompts)
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    print(f"wrote {', '.join(str(p) for p in paths)} and {out / 'report.json'}")
+    return 0
