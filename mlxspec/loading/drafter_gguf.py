@@ -1,0 +1,441 @@
+"""GGUF drafters: `general.architecture = dflash` (llama.cpp mainline, PrismML prism-v7)
+and the legacy PrismML `dspark` architecture. Read and write.
+
+Name map: `gguf_name` (DFlashModel name -> GGUF tensor name) is the one table per
+format; `model_name` is its inverse. ggml shapes {in, out} are torch [out, in] (the
+tolerant reader already reverses them).
+
+Conventions handled here, once:
+- taps: `dflash.target_layers` holds layer-INPUT ids (HF id + 1) -> minus 1; the legacy
+  `dspark.target_layers` holds HF ids as written by PrismML's converter -> as is.
+- d2t: GGUF stores absolute target ids (llama.cpp scatters with them); DFlashModel keeps
+  the speculators offsets (target = draft + d2t[draft]).
+- metadata vs tensors: a key that is present must agree with the tensors. Absent keys
+  mean what llama.cpp makes of them: `log_snr_conditioning` absent = off (so log-SNR
+  tensors with no key fail); Markov head and confidence head absent = as the tensors
+  say (mainline and PrismML both detect the Markov head from markov_w1, and mainline
+  counts a missing has_confidence_head as present). Legacy `dspark`: markov_rank and
+  confidence_head absent = off, as PrismML's legacy loader.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import mlx.core as mx
+import numpy as np
+
+from ..errors import MlxspecError
+from ..models.dflash import DrafterConfig
+from .drafter import RawDrafter, claim_tensors, model_tensors, to_mx
+from .gguf_file import GGUFFile, TensorInfo, read_gguf, type_name
+
+_LAYER = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_TOP = {
+    "gguf": {
+        "fc": "fc",
+        "hidden_norm": "enc.output_norm",
+        "norm": "output_norm",
+        "embed_tokens": "token_embd",
+        "lm_head": "output",
+        "markov_head.markov_w1": "markov_w1",
+        "markov_head.markov_w2": "markov_w2",
+        "confidence_head.proj": "conf_proj",
+        "log_snr_fc1": "log_snr_fc1",
+        "log_snr_fc2": "log_snr_fc2",
+    },
+    "gguf-dspark-legacy": {
+        "fc": "dspark.fc",
+        "hidden_norm": "dspark.hidden_norm",
+        "norm": "output_norm",
+        "embed_tokens": "token_embd",
+        "lm_head": "output",
+        "markov_head.markov_w1": "dspark.markov_head_a",
+        "markov_head.markov_w2": "dspark.markov_head_b",
+        "confidence_head.proj": "dspark.confidence_head",
+        "log_snr_fc1": "dspark.log_snr_fc1",
+        "log_snr_fc2": "dspark.log_snr_fc2",
+    },
+}
+
+
+def gguf_name(model_name: str, fmt: str) -> str:
+    """DFlashModel parameter name -> GGUF tensor name for `fmt` (the one name map)."""
+    if model_name == "d2t":
+        return "d2t"
+    base, _, suffix = model_name.rpartition(".")
+    m = re.fullmatch(r"layers\.(\d+)\.(.+)", base)
+    if m and m.group(2) in _LAYER:
+        return f"blk.{m.group(1)}.{_LAYER[m.group(2)]}.{suffix}"
+    if base in _TOP[fmt]:
+        return f"{_TOP[fmt][base]}.{suffix}"
+    return model_name  # no GGUF spelling (e.g. gated/rnn Markov parts): never found in a file
+
+
+def model_name(file_name: str, fmt: str) -> str | None:
+    """GGUF tensor name -> DFlashModel name, None when the name is not a drafter tensor."""
+    if file_name == "d2t":
+        return "d2t"
+    base, _, suffix = file_name.rpartition(".")
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)", base)
+    if m:
+        inv = {v: k for k, v in _LAYER.items()}
+        return f"layers.{m.group(1)}.{inv[m.group(2)]}.{suffix}" if m.group(2) in inv else None
+    inv = {v: k for k, v in _TOP[fmt].items()}
+    return f"{inv[base]}.{suffix}" if base in inv else None
+
+
+# ----------------------------------------------------------------------------- reading
+
+def _bool(v) -> bool:
+    if isinstance(v, str):
+        return v.strip().lower() == "true"
+    return bool(v)
+
+
+class _Meta:
+    """Key lookup for one architecture; the legacy `dspark` keys may be doubled."""
+
+    def __init__(self, g: GGUFFile, arch: str, legacy: bool):
+        self.md, self.arch, self.legacy = g.metadata, arch, legacy
+
+    def std(self, key, default=None):
+        return self.md.get(f"{self.arch}.{key}", default)
+
+    def special_key(self, key) -> str | None:
+        """The key under which a drafter-specific value lives, or None if absent."""
+        cands = [f"dspark.dspark.{key}", f"dspark.{key}"] if self.legacy else [f"dflash.{key}"]
+        return next((k for k in cands if k in self.md), None)
+
+    def special(self, key, default=None):
+        k = self.special_key(key)
+        return self.md[k] if k is not None else default
+
+
+def _tensor_array(g: GGUFFile, info: TensorInfo):
+    """A GGUF tensor as an array: floats stay F32/F16/BF16, quantized ones are dequantized
+    (to float16), integer ones (d2t) stay integer."""
+    raw = np.asarray(g.raw(info))
+    shape = info.shape
+    t = info.type_id
+    if t == 0:
+        return np.frombuffer(raw, dtype="<f4").reshape(shape)
+    if t == 1:
+        return np.frombuffer(raw, dtype="<f2").reshape(shape)
+    if t == 30:
+        return mx.array(np.frombuffer(raw, dtype="<u2").reshape(shape)).view(mx.bfloat16)
+    if t in (24, 25, 26, 27):
+        return np.frombuffer(raw, dtype={24: "<i1", 25: "<i2", 26: "<i4", 27: "<i8"}[t]).reshape(shape)
+    if t in (41, 42, 142, 143):
+        from . import lowbit
+
+        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        return lowbit.dequantize(t, raw, (rows, shape[-1])).reshape(shape).astype(np.float16)
+    try:
+        import gguf
+
+        qtype = gguf.GGMLQuantizationType(t)
+        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
+        out = gguf.quants.dequantize(raw.reshape(rows, -1), qtype)
+        return np.asarray(out, dtype=np.float32).reshape(shape).astype(np.float16)
+    except (ValueError, NotImplementedError, KeyError) as e:
+        raise MlxspecError(
+            f"{g.path}: tensor {info.name} has type {type_name(t)}, which mlxspec cannot read for a drafter "
+            f"({e}); re-export the drafter with F16/BF16/Q8_0 tensors"
+        )
+
+
+def _unsupported(g: GGUFFile, m: _Meta) -> None:
+    path = g.path
+    if (m.special("hyper_connection.count") or m.std("hyper_connection.count") or 0) > 0:
+        raise MlxspecError(f"{path}: DeepSeek-V4 DSpark backbones (hyper-connections, MoE) are not supported")
+    if (m.special("selector_top_k") or 0) > 0:
+        raise MlxspecError(f"{path}: DFlash2 selector drafters are not supported")
+    causal = m.special("attention.causal", m.std("attention.causal"))
+    if causal is not None and _bool(causal):
+        raise MlxspecError(f"{path}: causal block attention ({m.arch}.attention.causal=true) is not supported")
+    if m.special("decoder_arch") is not None:
+        raise MlxspecError(f"{path}: decoder_arch {m.special('decoder_arch')!r} drafters are not supported")
+    for k in ("norm_before_fc", "norm_before_residual"):
+        if _bool(m.special(k, False)):
+            raise MlxspecError(f"{path}: {m.arch}.{k}=true drafters are not supported")
+    ht = m.special("markov_head_type")
+    if ht is not None and str(ht).lower() != "vanilla":
+        raise MlxspecError(f"{path}: GGUF {ht} Markov heads are not supported (GGUF spells only vanilla heads)")
+
+
+def read_gguf_drafter(path: str) -> RawDrafter:
+    g = read_gguf(path)
+    arch = g.architecture
+    if arch not in ("dflash", "dspark"):
+        raise MlxspecError(
+            f"{path}: general.architecture = {arch!r} is not a drafter (expected dflash or dspark); pass the "
+            "drafter GGUF, not the target"
+        )
+    legacy = arch == "dspark"
+    fmt = "gguf-dspark-legacy" if legacy else "gguf"
+    m = _Meta(g, arch, legacy)
+    _unsupported(g, m)
+    shapes = {t.name: tuple(t.shape) for t in g.tensors}
+    info_of = {t.name: t for t in g.tensors}
+    tn = lambda model: gguf_name(model, fmt)  # noqa: E731
+
+    def need_std(key):
+        v = m.std(key)
+        if v is None:
+            raise MlxspecError(f"{path}: GGUF metadata has no {arch}.{key}; the drafter file is incomplete")
+        return v
+
+    H = int(need_std("embedding_length"))
+    heads = int(need_std("attention.head_count"))
+    dims = dict(
+        hidden_size=H,
+        intermediate_size=int(need_std("feed_forward_length")),
+        num_hidden_layers=int(need_std("block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(m.std("attention.head_count_kv") or heads),
+        head_dim=int(m.std("attention.key_length") or H // heads),
+        rms_norm_eps=float(m.std("attention.layer_norm_rms_epsilon", 1e-6)),
+        rope_theta=float(m.std("rope.freq_base", 10000.0)),
+    )
+    th = m.special("target_hidden_size")
+    if th is not None and int(th) != H:
+        raise MlxspecError(f"{path}: target_hidden_size {th} differs from the drafter width {H}; not supported")
+
+    # block size: string or int; dflash default 16 (llama.cpp), legacy requires it (PrismML)
+    bs = m.special("block_size")
+    if bs is None:
+        if legacy:
+            raise MlxspecError(f"{path}: GGUF metadata has no dspark.block_size; the drafter file is incomplete")
+        block = 16
+    else:
+        try:
+            block = int(str(bs).strip())
+        except ValueError:
+            raise MlxspecError(f"{path}: block_size {bs!r} is not an integer")
+    if block <= 0:
+        raise MlxspecError(f"{path}: block_size {block} must be positive")
+
+    layers = m.special("target_layers", m.special("target_layer_ids"))
+    if layers is None:
+        raise MlxspecError(f"{path}: GGUF metadata has no {arch}.target_layers; the drafter file is incomplete")
+    layers = [int(x) for x in (layers.tolist() if hasattr(layers, "tolist") else layers)]
+    taps = layers if legacy else [x - 1 for x in layers]  # dflash stores layer-input ids
+
+    mask = g.metadata.get("tokenizer.ggml.mask_token_id")
+    if mask is None:
+        mask = m.special("mask_token_id", m.special("noise_token_id"))
+    if mask is None:
+        raise MlxspecError(
+            f"{path}: no mask token id (tokenizer.ggml.mask_token_id or {arch}.mask_token_id); the drafter file "
+            "is incomplete"
+        )
+
+    layout_key = m.special_key("sample_from_anchor") or (
+        "dspark.sample_from_anchor" if legacy else "dflash.sample_from_anchor")
+    sfa = m.special("sample_from_anchor")
+    layout_value = None if sfa is None else _bool(sfa)
+
+    notes: dict = {}
+    # Markov head
+    w1 = shapes.get(tn("markov_head.markov_w1.weight"))
+    rank_key = m.special_key("markov_rank")
+    if rank_key is not None:
+        rank = int(g.metadata[rank_key])
+        notes["Markov head"] = f"{rank_key}={rank}"
+    elif legacy:
+        rank = 0
+        notes["Markov head"] = "dspark.markov_rank is absent"
+    else:
+        rank = int(w1[1]) if (w1 is not None and len(w1) == 2) else 0
+        notes["Markov head"] = "no dflash.markov_rank; detected from markov_w1.weight"
+    # confidence head
+    conf_name = tn("confidence_head.proj.weight")
+    conf_key = m.special_key("confidence_head") or m.special_key("has_confidence_head")
+    if conf_key is not None:
+        conf = _bool(g.metadata[conf_key])
+        notes["confidence head"] = f"{conf_key}={'true' if conf else 'false'}"
+    elif legacy:
+        conf = False
+        notes["confidence head"] = "dspark.confidence_head is absent"
+    else:
+        conf = conf_name in shapes
+        notes["confidence head"] = "no dflash.confidence_head; detected from conf_proj.weight"
+    wm = m.special("confidence_head_with_markov")
+    cw = shapes.get(conf_name)
+    with_markov = _bool(wm) if wm is not None else bool(cw is None or len(cw) != 2 or cw[1] != H)
+    # log-SNR conditioning: absent = off, bounds required when on (as llama.cpp)
+    snr_key = m.special_key("log_snr_conditioning")
+    log_snr = _bool(g.metadata[snr_key]) if snr_key else False
+    notes["log-SNR conditioning"] = (
+        f"{snr_key}={'true' if log_snr else 'false'}" if snr_key else
+        f"{'dspark' if legacy else 'dflash'}.log_snr_conditioning is absent")
+    lo, hi = m.special("min_log_snr"), m.special("max_log_snr")
+    if log_snr:
+        if lo is None or hi is None:
+            raise MlxspecError(f"{path}: log-SNR conditioning is on but min_log_snr/max_log_snr are missing")
+        lo, hi = float(lo), float(hi)
+        if not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
+            raise MlxspecError(f"{path}: log-SNR bounds min {lo}, max {hi} must be finite with max > min")
+    lo = -9.0 if lo is None else float(lo)
+    hi = 9.0 if hi is None else float(hi)
+
+    # vocabulary
+    draft_vocab = None
+    if "d2t" in shapes and not legacy:
+        draft_vocab = int(shapes["d2t"][0])
+    if legacy:
+        notes["reduced draft vocabulary"] = "the legacy dspark format has no reduced vocabulary"
+    vocab = m.std("vocab_size")
+    if vocab is None and "tokenizer.ggml.tokens" in g.metadata:
+        vocab = len(g.metadata["tokenizer.ggml.tokens"])
+    if vocab is None:
+        for cand in (tn("embed_tokens.weight"), tn("markov_head.markov_w1.weight")) + (
+                (tn("lm_head.weight"),) if draft_vocab is None else ()):
+            if cand in shapes:
+                vocab = shapes[cand][0]
+                break
+    if vocab is None:
+        raise MlxspecError(
+            f"{path}: cannot tell the vocabulary size (no {arch}.vocab_size, tokenizer or vocab-sized tensor); "
+            "re-export the drafter with its vocab_size"
+        )
+
+    cfg = DrafterConfig(
+        **dims,
+        block_size=block,
+        target_layer_ids=taps,
+        mask_token_id=int(mask),
+        vocab_size=int(vocab),
+        markov_rank=rank,
+        markov_head_type="vanilla",
+        confidence_head=conf,
+        confidence_head_with_markov=with_markov,
+        log_snr=log_snr,
+        min_log_snr=lo,
+        max_log_snr=hi,
+        draft_vocab_size=draft_vocab,
+        has_embed=tn("embed_tokens.weight") in shapes,
+        has_lm_head=tn("lm_head.weight") in shapes,
+        source_format=fmt,
+        extra={"sliding_window": m.std("attention.sliding_window")},
+    )
+    if draft_vocab is not None and not cfg.has_lm_head:
+        raise MlxspecError(
+            f"{path}: reduced-vocabulary drafter (d2t, {draft_vocab} ids) has no output.weight; the target's head "
+            "cannot stand in for it: re-export with the output head"
+        )
+    extra_claimed = {"fc.scale": (1,)} if (not legacy and "fc.scale" in shapes) else {}
+    claimed = claim_tensors(path, cfg, shapes, to_model=lambda f: model_name(f, fmt), to_file=tn,
+                            notes=notes, extra_claimed=extra_claimed)
+    weights = {}
+    for fname, mname in claimed.items():
+        a = _tensor_array(g, info_of[fname])
+        if mname == "d2t":
+            a = np.asarray(a).astype(np.int64) - np.arange(a.shape[0], dtype=np.int64)  # absolute -> offsets
+        weights[mname] = to_mx(mname, a)
+    if extra_claimed:  # llama.cpp multiplies fc's output by fc.scale: fold it into the weight
+        s = float(np.asarray(_tensor_array(g, info_of["fc.scale"]), dtype=np.float32).reshape(-1)[0])
+        w = weights["fc.weight"]
+        weights["fc.weight"] = (w.astype(mx.float32) * s).astype(w.dtype)
+    return RawDrafter(cfg, weights, fmt, layout_key, layout_value, path=path)
+
+
+# ----------------------------------------------------------------------------- writing
+
+def _np_for_gguf(a: mx.array):
+    """(numpy array, raw ggml dtype or None) for GGUFWriter.add_tensor."""
+    import gguf
+
+    if a.dtype == mx.bfloat16:
+        return np.array(a.view(mx.uint16)), gguf.GGMLQuantizationType.BF16
+    if a.dtype == mx.float16:
+        return np.array(a), None
+    if mx.issubdtype(a.dtype, mx.floating):
+        return np.array(a.astype(mx.float32)), None
+    return np.array(a), None
+
+
+def write_gguf_drafter(model, cfg: DrafterConfig, path: str, fmt: str, doubled_prefix: bool = False) -> None:
+    """Write a GGUF drafter. `gguf`: arch dflash, tap ids + 1, explicit
+    dflash.sample_from_anchor and DSpark / log-SNR keys. `gguf-dspark-legacy`: arch dspark,
+    raw tap ids, `dspark.*` keys (`dspark.dspark.*` with doubled_prefix).
+
+    Refuses gated/rnn Markov heads (no GGUF spelling), and for the legacy format bonus-
+    anchor drafters (PrismML's legacy dspark drafter is anchor-first whatever a key says)
+    and reduced vocabularies."""
+    import gguf
+
+    if cfg.markov_rank and cfg.markov_head_type != "vanilla":
+        raise MlxspecError(f"{path}: GGUF cannot hold a {cfg.markov_head_type} Markov head; write it as speculators")
+    if fmt == "gguf-dspark-legacy":
+        if not cfg.sample_from_anchor:
+            raise MlxspecError(
+                f"{path}: the legacy dspark GGUF format cannot hold a bonus-anchor (sample_from_anchor=false) "
+                "drafter: PrismML reads it anchor-first and would draft one row early; write it as gguf"
+            )
+        if cfg.draft_vocab_size:
+            raise MlxspecError(f"{path}: the legacy dspark GGUF format cannot hold a reduced vocabulary; write it as gguf")
+    elif fmt != "gguf":
+        raise MlxspecError(f"unknown GGUF drafter format {fmt!r}")
+    elif doubled_prefix:
+        raise MlxspecError("save_drafter: doubled_prefix applies only to gguf-dspark-legacy")
+
+    arch = "dspark" if fmt == "gguf-dspark-legacy" else "dflash"
+    w = gguf.GGUFWriter(path, arch)
+    w.add_uint32(f"{arch}.block_count", cfg.num_hidden_layers)
+    w.add_uint32(f"{arch}.embedding_length", cfg.hidden_size)
+    w.add_uint32(f"{arch}.feed_forward_length", cfg.intermediate_size)
+    w.add_uint32(f"{arch}.attention.head_count", cfg.num_attention_heads)
+    w.add_uint32(f"{arch}.attention.head_count_kv", cfg.num_key_value_heads)
+    w.add_uint32(f"{arch}.attention.key_length", cfg.head_dim)
+    w.add_uint32(f"{arch}.attention.value_length", cfg.head_dim)
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+    w.add_float32(f"{arch}.rope.freq_base", cfg.rope_theta)
+    w.add_uint32(f"{arch}.vocab_size", cfg.vocab_size)
+    taps = [int(t) for t in cfg.target_layer_ids]
+    if arch == "dflash":
+        sp = "dflash."
+        w.add_uint32("dflash.block_size", cfg.block_size)
+        w.add_array("dflash.target_layers", [t + 1 for t in taps])  # layer-input ids
+        w.add_uint32("tokenizer.ggml.mask_token_id", cfg.mask_token_id)
+        w.add_bool("dflash.has_confidence_head", bool(cfg.confidence_head))  # mainline's spelling
+    else:
+        sp = "dspark.dspark." if doubled_prefix else "dspark."
+        w.add_uint32(sp + "block_size", cfg.block_size)
+        w.add_array(sp + "target_layers", taps)  # HF ids, as PrismML's converter writes them
+        w.add_uint32(sp + "mask_token_id", cfg.mask_token_id)
+    w.add_bool(sp + "sample_from_anchor", bool(cfg.sample_from_anchor))
+    w.add_uint32(sp + "markov_rank", cfg.markov_rank)
+    w.add_bool(sp + "confidence_head", bool(cfg.confidence_head))
+    if cfg.confidence_head:
+        w.add_bool(sp + "confidence_head_with_markov", bool(cfg.confidence_head_with_markov and cfg.markov_rank))
+    w.add_bool(sp + "log_snr_conditioning", bool(cfg.log_snr))
+    if cfg.log_snr:
+        w.add_float32(sp + "min_log_snr", cfg.min_log_snr)
+        w.add_float32(sp + "max_log_snr", cfg.max_log_snr)
+
+    for name, arr in model_tensors(model).items():
+        if name == "d2t":
+            ids = np.arange(arr.shape[0], dtype=np.int64) + np.asarray(arr).astype(np.int64)
+            w.add_tensor("d2t", ids.astype(np.int32))  # absolute target ids
+            continue
+        data, raw_dtype = _np_for_gguf(arr)
+        w.add_tensor(gguf_name(name, fmt), data, raw_dtype=raw_dtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

@@ -1,0 +1,429 @@
+"""Hugging Face drafter directories: z-lab DFlash, DeepSpec DSpark, vLLM speculators.
+
+All three store the tensors under DFlashModel's own names (z-lab / DeepSpec names, no
+`model.` prefix), so `hf_name` is the whole name map; they differ in config.json:
+
+| format      | recognised by                          | taps                          | layout key                  |
+|-------------|----------------------------------------|-------------------------------|-----------------------------|
+| zlab        | `dflash_config` / DFlash architecture  | dflash_config.target_layer_ids| dflash_config.sample_from_anchor |
+| deepspec    | architecture containing "DSpark"       | target_layer_ids              | sample_from_anchor          |
+| speculators | `speculators_model_type` dspark/dflash | aux_hidden_state_layer_ids-1  | sample_from_anchor          |
+
+Tap ids are converted here, once, to the "output of layer k" convention. Missing Qwen3
+dimensions take transformers' Qwen3Config defaults (speculators serialises only the keys
+that differ from them). Rope: top-level `rope_theta` or transformers-v5 `rope_parameters`.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+
+import mlx.core as mx
+import numpy as np
+
+from ..errors import MlxspecError
+from ..models.dflash import DrafterConfig
+from .drafter import RawDrafter, claim_tensors, model_tensors, to_mx
+
+# transformers Qwen3Config defaults (what a config without these keys means)
+QWEN3_DEFAULTS = {
+    "vocab_size": 151936,
+    "hidden_size": 4096,
+    "intermediate_size": 22016,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+}
+
+
+def hf_name(model_name: str) -> str:
+    """DFlashModel name -> tensor name in z-lab / DeepSpec / speculators files (identical)."""
+    return model_name
+
+
+def sanitize(file_name: str) -> str:
+    """Tensor name in the file -> DFlashModel name (drops a `model.` wrapper if present)."""
+    return file_name[len("model."):] if file_name.startswith("model.") else file_name
+
+
+# ----------------------------------------------------------------------------- reading
+
+def _load_config(path: str) -> dict:
+    cfg_path = os.path.join(path, "config.json")
+    if not os.path.exists(cfg_path):
+        raise MlxspecError(f"{path}: no config.json; pass a drafter directory (z-lab, DeepSpec or speculators)")
+    try:
+        with open(cfg_path) as f:
+            return json.load(f)
+    except json.JSONDecodeError as e:
+        raise MlxspecError(f"{cfg_path}: not valid JSON ({e}); download the drafter again")
+
+
+def detect_format(config: dict, path: str) -> str:
+    if "speculators_model_type" in config:
+        kind = config["speculators_model_type"]
+        if kind not in ("dspark", "dflash"):
+            raise MlxspecError(
+                f"{path}: speculators_model_type {kind!r} is not a block drafter (dspark or dflash)"
+            )
+        return "speculators"
+    archs = [str(a) for a in (config.get("architectures") or [])]
+    if any("dspark" in a.lower() for a in archs):
+        return "deepspec"
+    if "dflash_config" in config or any("dflash" in a.lower() for a in archs):
+        return "zlab"
+    raise MlxspecError(
+        f"{path}: config.json is not a DFlash/DSpark drafter (architectures {archs or 'missing'}, no "
+        "dflash_config or speculators_model_type)"
+    )
+
+
+def _read_tensors(path: str) -> dict:
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        bins = glob.glob(os.path.join(path, "*.bin")) + glob.glob(os.path.join(path, "*.pt"))
+        hint = " (only PyTorch .bin found: convert it to safetensors)" if bins else ""
+        raise MlxspecError(f"{path}: no *.safetensors weights{hint}")
+    out: dict = {}
+    for fp in files:
+        for name, arr in mx.load(fp).items():
+            key = sanitize(name)
+            if key in out:
+                raise MlxspecError(f"{fp}: tensor {name} appears twice in the directory; remove the stale shard")
+            out[key] = arr
+    return out
+
+
+def rope_theta(c: dict, path: str, default: float | None) -> float:
+    """Top-level `rope_theta` or transformers-v5 `rope_parameters` (flat or per layer type)."""
+    rp = c.get("rope_parameters")
+    if isinstance(rp, dict) and rp and all(isinstance(v, dict) for v in rp.values()):
+        rp = rp.get("full_attention") or next(iter(rp.values()))
+    rope_type = None
+    if isinstance(rp, dict):
+        rope_type = rp.get("rope_type") or rp.get("type")
+    scaling = c.get("rope_scaling")
+    if isinstance(scaling, dict):
+        rope_type = rope_type or scaling.get("rope_type") or scaling.get("type")
+    if rope_type not in (None, "default"):
+        raise MlxspecError(
+            f"{path}: rope type {rope_type!r} is not supported for drafters (only default RoPE); "
+            "use a drafter trained with plain RoPE"
+        )
+    if "rope_theta" in c:
+        return float(c["rope_theta"])
+    if isinstance(rp, dict) and "rope_theta" in rp:
+        return float(rp["rope_theta"])
+    if default is None:
+        raise MlxspecError(f"{path}: config.json has neither rope_theta nor rope_parameters.rope_theta")
+    return float(default)
+
+
+def _need(c: dict, key: str, where: str, path: str):
+    if key not in c or c[key] is None:
+        raise MlxspecError(f"{path}: config.json has no {where}{key}; the drafter config is incomplete")
+    return c[key]
+
+
+def _backbone(c: dict, path: str) -> dict:
+    """Qwen3 dimensions from a (possibly diff-serialised) config dict."""
+    layer_types = c.get("layer_types") or []
+    if "sliding_attention" in layer_types:
+        raise MlxspecError(
+            f"{path}: sliding-window draft attention (layer_types {sorted(set(layer_types))}) is not "
+            "supported; use a drafter with full attention"
+        )
+    if c.get("is_causal"):
+        raise MlxspecError(f"{path}: causal block attention (is_causal: true) is not supported; DFlash blocks are non-causal")
+    g = lambda k: c.get(k, QWEN3_DEFAULTS.get(k))  # noqa: E731
+    hidden, heads = int(g("hidden_size")), int(g("num_attention_heads"))
+    return dict(
+        hidden_size=hidden,
+        intermediate_size=int(g("intermediate_size")),
+        num_hidden_layers=int(g("num_hidden_layers")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(c.get("num_key_value_heads") or heads),
+        head_dim=int(c.get("head_dim") or hidden // heads),
+        rms_norm_eps=float(g("rms_norm_eps")),
+        vocab_size=int(g("vocab_size")),
+    )
+
+
+def _flag(v) -> bool:
+    if isinstance(v, str):
+        return v.strip().lower() == "true"
+    return bool(v)
+
+
+def read_hf_drafter(path: str) -> RawDrafter:
+    config = _load_config(path)
+    fmt = detect_format(config, path)
+    tensors = _read_tensors(path)
+    shapes = {k: tuple(v.shape) for k, v in tensors.items()}
+    extra: dict = {}
+    notes: dict = {}
+
+    if fmt == "speculators":
+        kind = config["speculators_model_type"]
+        extra["speculators_model_type"] = kind
+        base = config.get("transformer_layer_config") or {}
+        dims = _backbone(base, path)
+        theta = rope_theta(base, path, QWEN3_DEFAULTS["rope_theta"])
+        aux = _need(config, "aux_hidden_state_layer_ids", "", path)
+        taps = [int(t) - 1 for t in aux]  # speculators counts hidden_states, i.e. tap id + 1
+        mask = int(_need(config, "mask_token_id", "", path))
+        block = int(config.get("block_size", 8))
+        layout_key, layout_value = "sample_from_anchor", config.get("sample_from_anchor")
+        th = config.get("target_hidden_size")
+        if th is not None and int(th) != dims["hidden_size"]:
+            raise MlxspecError(
+                f"{path}: target_hidden_size {th} differs from the drafter hidden size {dims['hidden_size']}; "
+                "drafters with a separate target width are not supported"
+            )
+    else:
+        dims = _backbone(config, path)
+        theta = rope_theta(config, path, QWEN3_DEFAULTS["rope_theta"])
+        if fmt == "zlab":
+            dc = config.get("dflash_config") or {}
+            taps = dc.get("target_layer_ids", config.get("target_layer_ids"))
+            if taps is None:
+                _need(dc, "target_layer_ids", "dflash_config.", path)
+            mask = dc.get("mask_token_id", config.get("mask_token_id"))
+            if mask is None:
+                _need(dc, "mask_token_id", "dflash_config.", path)
+            b_top, b_dc = config.get("block_size"), dc.get("block_size")
+            if b_top is not None and b_dc is not None and int(b_top) != int(b_dc):
+                raise MlxspecError(
+                    f"{path}: block_size {b_top} and dflash_config.block_size {b_dc} disagree; fix config.json"
+                )
+            block = b_dc if b_dc is not None else b_top
+            if block is None:
+                _need(dc, "block_size", "dflash_config.", path)
+            if "sample_from_anchor" in dc:
+                layout_key, layout_value = "dflash_config.sample_from_anchor", dc["sample_from_anchor"]
+            else:
+                layout_key, layout_value = "sample_from_anchor", config.get("sample_from_anchor")
+            extra["num_target_layers"] = config.get("num_target_layers")
+        else:  # deepspec
+            taps = _need(config, "target_layer_ids", "", path)
+            mask = _need(config, "mask_token_id", "", path)
+            block = _need(config, "block_size", "", path)
+            layout_key, layout_value = "sample_from_anchor", config.get("sample_from_anchor")
+            extra["num_target_layers"] = config.get("num_target_layers")
+            extra["num_anchors"] = config.get("num_anchors")
+        taps, mask, block = [int(t) for t in taps], int(mask), int(block)
+
+    H = dims["hidden_size"]
+    # -- DSpark features: a present key must agree with the tensors; absent keys mean
+    # "off" for z-lab / DeepSpec and "as the tensors say" for speculators, whose class
+    # defaults changed between releases.
+    infer = fmt == "speculators"
+    w1 = shapes.get("markov_head.markov_w1.weight")
+    if "markov_rank" in config:
+        rank = int(config["markov_rank"])
+        notes["Markov head"] = f"config markov_rank={rank}"
+    else:
+        rank = int(w1[1]) if (infer and w1 is not None and len(w1) == 2) else 0
+        notes["Markov head"] = "inferred from markov_head.markov_w1" if infer else "config has no markov_rank"
+    head_type = config.get("markov_head_type")
+    if head_type is None:
+        head_type = "vanilla"
+        if infer and "markov_head.gate_proj.weight" in shapes:
+            head_type = "gated"
+        elif infer and "markov_head.joint_proj.weight" in shapes:
+            head_type = "rnn"
+    head_type = str(head_type).lower()
+    if rank and head_type not in ("vanilla", "gated", "rnn"):
+        raise MlxspecError(f"{path}: markov_head_type {head_type!r} is unknown (vanilla, gated, rnn)")
+    notes["gated/rnn Markov head"] = f"markov_head_type={head_type}"
+    conf_w = shapes.get("confidence_head.proj.weight")
+    if "enable_confidence_head" in config:
+        conf = _flag(config["enable_confidence_head"])
+        notes["confidence head"] = f"config enable_confidence_head={'true' if conf else 'false'}"
+    else:
+        conf = bool(infer and conf_w is not None)
+        notes["confidence head"] = "inferred from the tensors" if infer else "config has no enable_confidence_head"
+    if "confidence_head_with_markov" in config and config["confidence_head_with_markov"] is not None:
+        with_markov = _flag(config["confidence_head_with_markov"])
+    else:
+        with_markov = bool(conf_w is None or len(conf_w) != 2 or conf_w[1] != H)
+    log_snr = _flag(config.get("log_snr_conditioning", False))
+    notes["log-SNR conditioning"] = f"config log_snr_conditioning={'true' if log_snr else 'false or absent'}"
+    min_snr, max_snr = float(config.get("min_log_snr", -9.0)), float(config.get("max_log_snr", 9.0))
+    if log_snr and not max_snr > min_snr:
+        raise MlxspecError(f"{path}: max_log_snr {max_snr} must be greater than min_log_snr {min_snr}")
+
+    # -- reduced draft vocabulary (speculators d2t/t2d; t2d is claimed but unused)
+    extra_claimed = {}
+    draft_vocab = None
+    if fmt == "speculators" and "d2t" in shapes:
+        draft_vocab = int(shapes["d2t"][0])
+        if "t2d" in shapes:
+            extra_claimed["t2d"] = (dims["vocab_size"],)
+        if "lm_head.weight" not in shapes:
+            raise MlxspecError(
+                f"{path}: reduced-vocabulary drafter (d2t, {draft_vocab} ids) has no lm_head.weight; the "
+                "target's head cannot stand in for it: re-export with the lm_head"
+            )
+    elif fmt != "speculators":
+        notes["reduced draft vocabulary"] = f"the {fmt} format has no reduced vocabulary"
+    extra["draft_vocab_size_config"] = config.get("draft_vocab_size")
+
+    cfg = DrafterConfig(
+        **dims,
+        block_size=block,
+        target_layer_ids=taps,
+        mask_token_id=mask,
+        rope_theta=theta,
+        markov_rank=rank,
+        markov_head_type=head_type,
+        confidence_head=conf,
+        confidence_head_with_markov=with_markov,
+        log_snr=log_snr,
+        min_log_snr=min_snr,
+        max_log_snr=max_snr,
+        draft_vocab_size=draft_vocab,
+        has_embed="embed_tokens.weight" in shapes,
+        has_lm_head="lm_head.weight" in shapes,
+        source_format=fmt,
+        extra=extra,
+    )
+    if layout_value is not None:
+        layout_value = _flag(layout_value)
+    claimed = claim_tensors(path, cfg, shapes, to_model=lambda f: f, to_file=hf_name, notes=notes,
+                            extra_claimed=extra_claimed)
+    weights = {m: to_mx(m, tensors[f]) for f, m in claimed.items()}
+    return RawDrafter(cfg, weights, fmt, layout_key, layout_value, path=path)
+
+
+# ----------------------------------------------------------------------------- writing
+
+def _refuse(path: str, fmt: str, what: str, use: str) -> None:
+    raise MlxspecError(f"{path}: the {fmt} format cannot hold {what}; write it as {use}")
+
+
+def _backbone_config(cfg: DrafterConfig) -> dict:
+    return {
+        "model_type": "qwen3",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "vocab_size": cfg.vocab_size,
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "hidden_act": "silu",
+        "layer_types": ["full_attention"] * cfg.num_hidden_layers,
+    }
+
+
+def write_hf_drafter(model, cfg: DrafterConfig, path: str, fmt: str) -> None:
+    """config.json + model.safetensors. Refuses what the format cannot express:
+
+    - zlab: bonus-anchor DFlash only. An anchor-first drafter is refused rather than
+      written with a `sample_from_anchor` key, because z-lab's own loaders (and vLLM's
+      dflash path) ignore that key and would read it one row late; likewise no DSpark
+      heads, log-SNR or reduced vocabulary.
+    - deepspec: anchor-first only (DeepSpec code never reads a layout key); no log-SNR,
+      no reduced vocabulary.
+    - speculators: any layout (explicit key), any Markov head type; no log-SNR.
+    """
+    if cfg.log_snr:
+        _refuse(path, fmt, "log-SNR conditioning (no public loader of it reads those tensors)", "gguf")
+    if fmt == "zlab":
+        if cfg.markov_rank or cfg.confidence_head:
+            _refuse(path, fmt, "a Markov or confidence head", "deepspec, speculators or gguf")
+        if cfg.sample_from_anchor:
+            _refuse(path, fmt, "an anchor-first (sample_from_anchor=true) drafter: z-lab loaders read "
+                    "bonus-anchor and would draft one row late", "speculators or gguf")
+        if cfg.draft_vocab_size:
+            _refuse(path, fmt, "a reduced draft vocabulary (d2t)", "speculators or gguf")
+    elif fmt == "deepspec":
+        if not cfg.sample_from_anchor:
+            _refuse(path, fmt, "a bonus-anchor (sample_from_anchor=false) drafter: DeepSpec drafters are "
+                    "read anchor-first and would draft one row early", "zlab, speculators or gguf")
+        if cfg.draft_vocab_size:
+            _refuse(path, fmt, "a reduced draft vocabulary (d2t)", "speculators or gguf")
+    elif fmt != "speculators":
+        raise MlxspecError(f"unknown Hugging Face drafter format {fmt!r}")
+
+    taps = [int(t) for t in cfg.target_layer_ids]
+    base = _backbone_config(cfg)
+    if fmt == "zlab":
+        config = {
+            "architectures": ["DFlashDraftModel"],
+            **base,
+            "rope_theta": cfg.rope_theta,
+            "block_size": cfg.block_size,
+            "dflash_config": {
+                "block_size": cfg.block_size,
+                "target_layer_ids": taps,
+                "mask_token_id": cfg.mask_token_id,
+            },
+        }
+        if cfg.extra.get("num_target_layers"):
+            config["num_target_layers"] = cfg.extra["num_target_layers"]
+    elif fmt == "deepspec":
+        config = {
+            "architectures": ["Qwen3DSparkModel"],
+            **base,
+            "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "default"},
+            "block_size": cfg.block_size,
+            "target_layer_ids": taps,
+            "mask_token_id": cfg.mask_token_id,
+            "num_anchors": int(cfg.extra.get("num_anchors") or 512),
+            "markov_rank": cfg.markov_rank,
+            "enable_confidence_head": cfg.confidence_head,
+        }
+        if cfg.markov_rank:
+            config["markov_head_type"] = cfg.markov_head_type
+        if cfg.confidence_head:
+            config["confidence_head_with_markov"] = cfg.confidence_head_with_markov
+        if cfg.extra.get("num_target_layers"):
+            config["num_target_layers"] = cfg.extra["num_target_layers"]
+    else:
+        kind = "dspark" if cfg.markov_rank else "dflash"
+        n = cfg.n_drafts
+        config = {
+            "speculators_model_type": kind,
+            "architectures": ["DSparkSpeculator" if kind == "dspark" else "DFlashSpeculator"],
+            "transformer_layer_config": {
+                **base, "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "default"},
+            },
+            "aux_hidden_state_layer_ids": [t + 1 for t in taps],
+            "block_size": cfg.block_size,
+            "mask_token_id": cfg.mask_token_id,
+            "sample_from_anchor": bool(cfg.sample_from_anchor),
+            "draft_vocab_size": cfg.draft_vocab_size or cfg.vocab_size,
+            "target_hidden_size": cfg.hidden_size,
+            "markov_rank": cfg.markov_rank,
+            "markov_head_type": cfg.markov_head_type,
+            "enable_confidence_head": cfg.confidence_head,
+            "confidence_head_with_markov": cfg.confidence_head_with_markov,
+            "speculators_config": {
+                "algorithm": kind,
+                "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": n}],
+                "default_proposal_method": "greedy",
+            },
+        }
+
+    tensors = {}
+    for name, arr in model_tensors(model).items():
+        if name == "d2t":
+            d2t = np.asarray(arr).astype(np.int64)
+            tensors["d2t"] = mx.array(d2t)
+            t2d = np.zeros(cfg.vocab_size, dtype=np.bool_)
+            t2d[np.arange(d2t.shape[0]) + d2t] = True
+            tensors["t2d"] = mx.array(t2d)
+        else:
+            tensors[hf_name(name)] = arr
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    mx.save_safetensors(os.path.join(path, "model.safetensors"), tensors, metadata={"format": "pt"})
