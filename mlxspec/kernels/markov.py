@@ -63,13 +63,14 @@ def _fmix32(h: mx.array) -> mx.array:
     return h ^ (h >> 16)
 
 
-def gumbel(seed: mx.array, k: int, V: int) -> mx.array:
-    """Gumbel noise [V] for position k, the same bits as mlxs_gumbel in the kernels."""
+def gumbel(seed: mx.array, k, V: int) -> mx.array:
+    """Gumbel noise [V] for position k (an int, or an array of positions: [..., V]), the same
+    bits as mlxs_gumbel in the kernels."""
     u32 = mx.uint32
     v = mx.arange(V, dtype=u32)
     h = _fmix32((v * mx.array(0x9E3779B9, dtype=u32)) ^ seed[0])
-    salt = ((k + 1) * 0x85EBCA6B) & 0xFFFFFFFF
-    h = _fmix32(h ^ mx.array(salt, dtype=u32) ^ seed[1])
+    salt = (mx.array(k, dtype=u32)[..., None] + 1) * mx.array(0x85EBCA6B, dtype=u32)
+    h = _fmix32(h ^ salt ^ seed[1])
     u = ((h >> 8).astype(mx.float32) + 0.5) * (1.0 / 16777216.0)
     return -mx.log(-mx.log(u))
 
@@ -93,9 +94,9 @@ def markov_chain_reference(base: mx.array, w1: mx.array, w2: mx.array, anchor, t
     return mx.stack(tokens), mx.stack(probs)
 
 
-def plan_step(B: int, V: int, r: int) -> Launch:
+def plan_step(B: int, V: int, r: int, max_groups: int = MAX_GROUPS) -> Launch:
     tiles = -(-V // 32)
-    groups = max(1, min(-(-tiles // NSG), MAX_GROUPS))
+    groups = max(1, min(-(-tiles // NSG), max_groups))
     return Launch(grid=(32, NSG * groups, 1), threadgroup=(32, NSG, 1),
                   output_shapes=((groups,), (groups, 4)), output_dtypes=(mx.int32, mx.float32),
                   template=(("NSG", NSG), ("RL", r // 32)))
@@ -107,8 +108,9 @@ def plan_finish(B: int, groups: int) -> Launch:
 
 
 def markov_chain_kernel(base: mx.array, w1: mx.array, w2: mx.array, anchor, temperature: float, key,
-                        run) -> tuple[mx.array, mx.array]:
-    """The GPU path: `run(spec, inputs, launch)` is mx.fast (or the CPU emulator in tests)."""
+                        run, max_groups: int = MAX_GROUPS) -> tuple[mx.array, mx.array]:
+    """The GPU path: `run(spec, inputs, launch)` is mx.fast (or the CPU emulator in tests).
+    max_groups caps the threadgroups per step (each then covers more rows)."""
     B, V, r = check(base, w1, w2)
     if r % 32:
         raise ValueError(f"the Markov kernel needs a rank that is a multiple of 32, got {r}")
@@ -116,7 +118,7 @@ def markov_chain_kernel(base: mx.array, w1: mx.array, w2: mx.array, anchor, temp
         if a.dtype not in KERNEL_DTYPES:
             raise TypeError(f"dtype {a.dtype} is not supported by the Markov kernel")
     seed = seed_words(key)
-    step = plan_step(B, V, r)
+    step = plan_step(B, V, r, max_groups)
     groups = step.output_shapes[0][0]
     temp = mx.array([max(float(temperature), 0.0)], dtype=mx.float32)
     prev_i = mx.array(anchor).astype(mx.int32).reshape(1)

@@ -2,6 +2,9 @@
 // Block layouts: mlxspec/loading/lowbit.py. Kept inside the emulator subset
 // (mlxspec/kernels/README.md): scalar types, simd_sum, no vector types.
 
+#include <metal_stdlib>
+using namespace metal;
+
 constant uint mlxs_pow3[5] = {1, 3, 9, 27, 81};
 
 inline float mlxs_half_at(const device uint8_t* p) {

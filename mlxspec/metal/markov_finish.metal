@@ -1,6 +1,9 @@
 // Reduce each step's threadgroup partials (markov_step) to its token and draft probability:
 // tokens[k] = best index, probs[k] = exp(s_best - m) / sum exp(s - m) over the whole vocabulary.
 
+#include <metal_stdlib>
+using namespace metal;
+
 inline bool mlxs_better(float s, int i, float bs, int bi) {
   return s > bs || (s == bs && i < bi);
 }

@@ -5,6 +5,9 @@
 // and per threadgroup: the best (score, index, s), the max m of s and sum exp(s - m).
 // W2 is read once; nothing of size V is written.
 
+#include <metal_stdlib>
+using namespace metal;
+
 inline uint mlxs_fmix32(uint h) {
   h ^= h >> 16;
   h *= 0x85EBCA6Bu;

@@ -238,10 +238,9 @@ inline unsigned char* guarded_alloc(size_t bytes) {
       mmap(nullptr, span + pg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
   if (base == MAP_FAILED) fail("mmap failed (%s)");
   mprotect(base + span, pg, PROT_NONE);
-  // end the buffer at the guard page; keep 16-byte alignment (sizes here are multiples of 4)
-  size_t start = span - bytes;
-  start -= start % 16;
-  return base + start;
+  // end the buffer exactly at the guard page; the start is then aligned to the largest power
+  // of two (up to 16) dividing the size, enough for the element type
+  return base + (span - bytes);
 }
 
 inline void on_segv(int, siginfo_t* info, void*) {
@@ -250,7 +249,7 @@ inline void on_segv(int, siginfo_t* info, void*) {
   int len = std::snprintf(msg, sizeof msg, "EMULATOR ERROR: memory fault at %p", (const void*)a);
   if (L) {
     for (auto& b : L->buffers) {
-      if (a >= b.data && a < b.data + b.bytes + page() + 16) {
+      if (a >= b.data && a < b.data + b.bytes + page()) {
         len += std::snprintf(msg + len, sizeof msg - len, ": past the end of buffer '%s' (%zu bytes)",
                              b.name.c_str(), b.bytes);
         break;

@@ -1,0 +1,159 @@
+"""Metal and CUDA kernel bodies run on the CPU emulator (tests/metal_shim) against the MLX
+reference. Outputs are poisoned before each emulated launch, buffers end at guard pages, and
+threads run in shuffled order: unwritten outputs, overruns and missing barriers fail."""
+
+import dataclasses
+import shutil
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from metal_shim.emulator import Emulator, EmulatorError
+from mlxspec.kernels import lowbit as klowbit
+from mlxspec.kernels import markov as kmarkov
+from mlxspec.kernels._launch import KernelSpec
+from mlxspec.loading import lowbit as L
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is needed to build the emulator")
+
+LANGUAGES = ["metal", "cuda"]
+TYPES = [L.Q1_0, L.Q2_0, L.PQ2_0, L.PTQ1_0]
+# (type, M, K, x dtype): M = 1 decode, 16 block verify, 3 and 32 partial / several M slices
+LOWBIT_CASES = [(t, m, 512, mx.float32) for t in TYPES for m in (1, 3, 16, 32)] + [
+    (L.Q1_0, 4, 1152, mx.float16), (L.PTQ1_0, 2, 1152, mx.bfloat16), (L.Q2_0, 5, 1152, mx.float32)]
+N = 27  # not a multiple of the rows per threadgroup: exercises the tail
+# (B, V, r, T, base dtype, w dtype, max_groups)
+MARKOV_CASES = [(5, 300, 64, 0.0, mx.float32, mx.float32, 1024), (4, 1000, 32, 0.8, mx.float16, mx.float32, 2),
+                (3, 200, 64, 1.3, mx.bfloat16, mx.float16, 1024)]
+
+LOWBIT_TOL = dict(rtol=1e-4, atol=1e-4)  # relative to max |y| (float32 sums in another order)
+LOWBIT_TOL_HALF = dict(rtol=1e-2, atol=1e-2)  # the output is rounded to x's 16-bit dtype
+PROB_TOL = dict(rtol=1e-5, atol=1e-6)
+
+
+def lowbit_inputs(type_id, M, K, dtype, seed=0):
+    rng = np.random.default_rng(seed + type_id + 100 * M + K)
+    raw = mx.array(L.quantize(type_id, rng.standard_normal((N, K)).astype(np.float32)))
+    x = mx.array(rng.standard_normal((M, K)).astype(np.float32)).astype(dtype)
+    return x, raw
+
+
+def markov_inputs(B, V, r, base_dtype, w_dtype, seed=0):
+    rng = np.random.default_rng(seed + V + r)
+    base = mx.array((rng.standard_normal((B, V)) * 2).astype(np.float32)).astype(base_dtype)
+    w1 = mx.array(rng.standard_normal((V, r)).astype(np.float32) * 0.3).astype(w_dtype)
+    w2 = mx.array(rng.standard_normal((V, r)).astype(np.float32) * 0.3).astype(w_dtype)
+    return base, w1, w2
+
+
+def run_lowbit(run, case, spec=None):
+    type_id, M, K, dtype = case
+    x, raw = lowbit_inputs(type_id, M, K, dtype)
+    if spec is not None:
+        def run_patched(s, inputs, launch):
+            return run(spec, inputs, launch)
+        return klowbit.lowbit_matmul_kernel(x, raw, type_id, (N, K), run_patched), x, raw
+    return klowbit.lowbit_matmul_kernel(x, raw, type_id, (N, K), run), x, raw
+
+
+def run_markov(run, case, key=None, patch=None):
+    B, V, r, T, bd, wd, groups = case
+    base, w1, w2 = markov_inputs(B, V, r, bd, wd)
+    key = mx.random.key(B + V) if T > 0 else None
+
+    def run_patched(s, inputs, launch):
+        return run(patch.get(s.name, s) if patch else s, inputs, launch)
+
+    got = kmarkov.markov_chain_kernel(base, w1, w2, 7, T, key, run_patched, max_groups=groups)
+    want = kmarkov.markov_chain_reference(base, w1, w2, 7, T, key)
+    return got, want
+
+
+@pytest.fixture(scope="module", params=LANGUAGES)
+def emulator(request):
+    """One emulator per language, with every variant these tests launch compiled up front."""
+    emu = Emulator(request.param)
+    items = []
+    for case in LOWBIT_CASES:
+        items += emu.record(lambda run, case=case: run_lowbit(run, case))
+    for case in MARKOV_CASES:
+        items += emu.record(lambda run, case=case: run_markov(run, case))
+    emu.prepare(items)
+    return emu
+
+
+@pytest.mark.parametrize("case", LOWBIT_CASES, ids=lambda c: f"{L.BLOCKS[c[0]][2]}-M{c[1]}-K{c[2]}-{c[3]}")
+def test_lowbit_matmul_matches_reference(emulator, case):
+    y, x, raw = run_lowbit(emulator.run, case)
+    type_id, M, K, dtype = case
+    ref = klowbit.lowbit_matmul_reference(x, raw, type_id, (N, K))
+    assert y.shape == (M, N) and y.dtype == dtype
+    scale = float(mx.abs(ref.astype(mx.float32)).max())
+    tol = LOWBIT_TOL if dtype == mx.float32 else LOWBIT_TOL_HALF
+    np.testing.assert_allclose(np.array(y.astype(mx.float32)) / scale, np.array(ref.astype(mx.float32)) / scale,
+                               **tol)
+
+
+@pytest.mark.parametrize("case", MARKOV_CASES, ids=lambda c: f"B{c[0]}-V{c[1]}-r{c[2]}-T{c[3]}-groups{c[6]}")
+def test_markov_chain_matches_reference(emulator, case):
+    (toks, probs), (want_t, want_p) = run_markov(emulator.run, case)
+    assert toks.tolist() == want_t.tolist()
+    np.testing.assert_allclose(np.array(probs), np.array(want_p), **PROB_TOL)
+
+
+# ---- the checks can fail: deliberately broken variants are caught ----
+
+@dataclasses.dataclass(frozen=True)
+class PatchedSpec(KernelSpec):
+    """A kernel whose source has one replacement applied (a deliberately broken variant)."""
+    old: str = ""
+    new: str = ""
+
+    def source(self, language):
+        header, body = super().source(language)
+        assert self.old in header + body, f"patch target not found in {self.stem} ({language})"
+        return header.replace(self.old, self.new), body.replace(self.old, self.new)
+
+
+def patched(spec, old, new):
+    return PatchedSpec(name=spec.name + "_broken", inputs=spec.inputs, outputs=spec.outputs, stem=spec.stem,
+                       old=old, new=new)
+
+
+BROKEN_LOWBIT = {
+    # forgets the last output row: caught by the poison check
+    "unwritten-row": ("n0 + r < N", "n0 + r < N - 1"),
+    # reads rows past the end of w: caught by the guard page
+    "overrun": ("min(n0 + r, N - 1)", "(n0 + r)"),
+    # PTQ1_0 trits taken in byte order instead of the interleaved order: wrong numbers
+    "trit-order": ("b = e & 15;\n        n = e >> 4;", "b = e / 5;\n        n = e % 5;"),
+}
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+@pytest.mark.parametrize("what", sorted(BROKEN_LOWBIT))
+def test_broken_lowbit_kernel_is_caught(language, what):
+    old, new = BROKEN_LOWBIT[what]
+    emu = Emulator(language)
+    case = (L.PTQ1_0, 3, 512, mx.float32)
+    with pytest.raises((EmulatorError, AssertionError)) as err:
+        y, x, raw = run_lowbit(emu.run, case, spec=patched(klowbit.SPEC, old, new))
+        ref = klowbit.lowbit_matmul_reference(x, raw, L.PTQ1_0, (N, 512))
+        np.testing.assert_allclose(np.array(y), np.array(ref), rtol=1e-4, atol=1e-3)
+    expect = {"unwritten-row": "unwritten", "overrun": "past the end of buffer 'w'", "trit-order": "Not equal"}
+    assert expect[what] in str(err.value)
+
+
+@pytest.mark.parametrize("language", LANGUAGES)
+def test_missing_barrier_is_caught(language):
+    """Without the barrier after the previous-token reduction, other simdgroups read
+    threadgroup memory before it is written (poison, in the emulator's shuffled order)."""
+    barrier = {"metal": "threadgroup_barrier(mem_flags::mem_threadgroup);\nconst uint prev",
+               "cuda": "__syncthreads();\nconst unsigned prev"}[language]
+    spec = patched(kmarkov.STEP, barrier, barrier.split("\n")[1])
+    emu = Emulator(language)
+    with pytest.raises((EmulatorError, AssertionError)):
+        (toks, probs), (want_t, want_p) = run_markov(emu.run, MARKOV_CASES[0], patch={kmarkov.STEP.name: spec})
+        assert toks.tolist() == want_t.tolist()
+        np.testing.assert_allclose(np.array(probs), np.array(want_p), **PROB_TOL)
