@@ -180,9 +180,16 @@ def expected_shapes(cfg: DrafterConfig) -> dict:
     return {k: tuple(v.shape) for k, v in tree_flatten(DFlashModel(cfg).parameters())}
 
 
+def _name_order(name: str):
+    """Natural order, weight before bias (files list tensors in no reliable order)."""
+    base, _, suffix = name.rpartition(".")
+    parts = [(0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", base or suffix)]
+    return parts, {"weight": 0, "bias": 1}.get(suffix, 2), suffix
+
+
 def _group(names: Iterable[str], feature: Callable[[str], str], notes: dict) -> str:
     groups: dict[str, list] = {}
-    for n in names:
+    for n in sorted(names, key=_name_order):
         groups.setdefault(feature(n), []).append(n)
     parts = []
     for feat, ns in groups.items():
@@ -222,14 +229,14 @@ def claim_tensors(
         if fname in extra_claimed:
             exp = extra_claimed[fname]
             if exp is not None and tuple(shape) != tuple(exp):
-                shape_errs.append(f"{fname} has shape {_fmt_shape(shape)}, expected {_fmt_shape(exp)}")
+                shape_errs.append((fname, shape, exp))
             continue
         if fname not in model_of:
             unclaimed.append(fname)
             continue
         exp = want[model_of[fname]]
         if tuple(shape) != exp:
-            shape_errs.append(f"{fname} has shape {_fmt_shape(shape)}, expected {_fmt_shape(exp)}")
+            shape_errs.append((fname, shape, exp))
     missing = [f for m, f in file_of.items() if f not in found and m not in OPTIONAL_ZERO]
 
     def feat_file(fname: str) -> str:
@@ -250,8 +257,12 @@ def claim_tensors(
             "drafter or fix its metadata"
         )
     if shape_errs:
+        shape_errs.sort(key=lambda e: _name_order(e[0]))
+        listed = [f"{f} has shape {_fmt_shape(s)}, expected {_fmt_shape(x)}" for f, s, x in shape_errs[:8]]
+        if len(shape_errs) > 8:
+            listed.append(f"and {len(shape_errs) - 8} more")
         raise MlxspecError(
-            f"{path}: tensor shape mismatch: " + "; ".join(shape_errs)
+            f"{path}: tensor shape mismatch: " + "; ".join(listed)
             + "; the file does not match its own metadata: re-export the drafter"
         )
     return {f: m for f, m in model_of.items() if f in found}

@@ -264,7 +264,13 @@ def read_gguf_drafter(path: str) -> RawDrafter:
         notes["Markov head"] = "no dflash.markov_rank; detected from markov_w1.weight"
     # confidence head
     conf_name = tn("confidence_head.proj.weight")
-    conf_key = m.special_key("confidence_head") or m.special_key("has_confidence_head")
+    conf_keys = [k for k in (m.special_key("confidence_head"), m.special_key("has_confidence_head")) if k]
+    if len(conf_keys) == 2 and _bool(g.metadata[conf_keys[0]]) != _bool(g.metadata[conf_keys[1]]):
+        raise MlxspecError(
+            f"{path}: {conf_keys[0]}={g.metadata[conf_keys[0]]} and {conf_keys[1]}={g.metadata[conf_keys[1]]} "
+            "disagree; fix the metadata"
+        )
+    conf_key = conf_keys[0] if conf_keys else None
     if conf_key is not None:
         conf = _bool(g.metadata[conf_key])
         notes["confidence head"] = f"{conf_key}={'true' if conf else 'false'}"
