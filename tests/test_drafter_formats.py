@@ -520,3 +520,14 @@ def test_not_a_drafter(tmp_path, dflash_bonus):
     edit_config(pz, layer_types=["sliding_attention", "full_attention"])
     with pytest.raises(MlxspecError, match="sliding-window draft attention"):
         quiet_load(pz)
+
+
+def test_speculators_verifier_copies_are_claimed_unused(tmp_path, dspark_first):
+    model, cfg = dspark_first
+    p = write(tmp_path, model, cfg, "speculators")
+    edit_tensors(p, add={"verifier_norm.weight": mx.ones((H,))})
+    m2, _, _ = quiet_load(p)
+    assert_same_params(model, m2)
+    edit_tensors(p, add={"verifier_norm.weight": mx.ones((H + 1,))})
+    with pytest.raises(MlxspecError, match=r"verifier_norm\.weight has shape \[65\], expected \[64\]"):
+        quiet_load(p)

@@ -267,3 +267,18 @@ def test_validation_mask_and_embedding_tap(tmp_path):
         f"{p}: tap -1 (the embedding output) is not supported by mlxspec's target taps; use a drafter whose taps "
         "are decoder layers"
     )
+
+
+def test_validation_num_target_layers(files, tmp_path):
+    import shutil
+
+    p = str(tmp_path / "ds")
+    shutil.copytree(files["deepspec-dspark"], p)
+    edit_config(p, num_target_layers=36)
+    assert load(p, target_info=tinfo(num_layers=36))[0].extra["num_target_layers"] == 36
+    with pytest.raises(MlxspecError) as e:
+        load_drafter(p, target_info=tinfo(), log=io.StringIO())
+    assert str(e.value) == (
+        f"{p}: drafter was trained for a 36-layer target (num_target_layers) but t.gguf has 8 layers; use the "
+        "drafter trained for this target"
+    )

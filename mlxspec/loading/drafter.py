@@ -307,6 +307,12 @@ def validate_against_target(cfg: DrafterConfig, info: TargetInfo, path: str) -> 
             "for this target"
         )
     n = info.num_layers
+    trained_for = cfg.extra.get("num_target_layers")
+    if trained_for and int(trained_for) != n:
+        raise MlxspecError(
+            f"{path}: drafter was trained for a {int(trained_for)}-layer target (num_target_layers) but {tgt} has "
+            f"{n} layers; use the drafter trained for this target"
+        )
     for k in cfg.target_layer_ids:
         if k == -1:
             raise MlxspecError(

@@ -258,6 +258,9 @@ def read_hf_drafter(path: str) -> RawDrafter:
 
     # -- reduced draft vocabulary (speculators d2t/t2d; t2d is claimed but unused)
     extra_claimed = {}
+    if fmt == "speculators":  # frozen verifier copies some speculators versions save: claimed, unused
+        extra_claimed.update({"verifier_norm.weight": (dims["hidden_size"],),
+                              "verifier_lm_head.weight": (dims["vocab_size"], dims["hidden_size"])})
     draft_vocab = None
     if fmt == "speculators" and "d2t" in shapes:
         draft_vocab = int(shapes["d2t"][0])
