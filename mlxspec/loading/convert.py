@@ -1,0 +1,55 @@
+"""`mlxspec convert`: a GGUF target written as an MLX directory that mlx_lm loads.
+
+The quantized tensors are written as the lossless MLX affine repack (per-module bits /
+group size recorded in config.json's `quantization`, as mlx_lm reads it), or dense
+(`dtype="float32"` / `"float16"`). The tokenizer is written as tokenizer.json plus
+tokenizer_config.json (chat template, eos) so mlx_lm's tokenizer loader accepts it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from ..errors import MlxspecError
+
+
+def convert_to_mlx(model_path: str | None, out: str, dtype: str = "keep") -> Path:
+    from ..models.target import dequantize_model
+    from .target import load_target, resolve_model_path
+
+    src = resolve_model_path(model_path)
+    if Path(src).is_dir():
+        raise MlxspecError(f"{src}: already a model directory; convert takes a .gguf file")
+    target, tok = load_target(src, dense=False)
+    model = target.model
+    cfg = dict(target.config)
+    if dtype in ("float32", "float16", "bfloat16"):
+        dequantize_model(model, getattr(mx, dtype))
+        cfg["torch_dtype"] = dtype
+    elif dtype != "keep":
+        raise MlxspecError(f"--dtype {dtype!r}: use keep, float16, bfloat16 or float32")
+    else:
+        q = {}
+        for name, m in model.named_modules():
+            if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+                q[name] = {"group_size": m.group_size, "bits": m.bits}
+        if q:
+            common = max(({"group_size": v["group_size"], "bits": v["bits"]} for v in q.values()),
+                         key=lambda d: sum(1 for v in q.values() if v == d))
+            cfg["quantization"] = {**common, **{k: v for k, v in q.items() if v != common}}
+    out_p = Path(out)
+    out_p.mkdir(parents=True, exist_ok=True)
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(out_p / "model.safetensors"), weights, metadata={"format": "mlx"})
+    cfg["architectures"] = [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                             "qwen3": "Qwen3ForCausalLM"}.get(cfg["model_type"], "")]
+    cfg["bos_token_id"] = tok.bos_token_id
+    cfg["eos_token_id"] = tok.eos_token_id
+    (out_p / "config.json").write_text(json.dumps(cfg, indent=2))
+    tok.save_hf(out_p)
+    return out_p
