@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import mlx.core as mx
@@ -45,7 +45,6 @@ class RawDrafter:
     layout_key: str  # where this format keeps sample_from_anchor
     layout_value: bool | None  # its value in the file; None when absent
     path: str = ""
-    notes: list = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- layout
@@ -66,15 +65,15 @@ def resolve_layout(fmt: str, lineage: str, file_value: bool | None, key: str = "
     | gguf (dflash arch)  | dspark lineage -> true, dflash lineage -> false (below)      |
     | gguf-dspark-legacy  | true: PrismML's legacy dspark drafter is anchor-first only   |
 
-    GGUF `dflash.sample_from_anchor` absent. Read (public code, 2026): llama.cpp mainline
+    GGUF `dflash.sample_from_anchor` absent. In the public code read: llama.cpp mainline
     `common/speculative.cpp` initialises `sample_from_anchor = true`, overrides it only
     when the key is present, and consults it only on the DSpark path
     (`is_dspark && sample_from_anchor`): its DFlash path is always bonus-anchor. PrismML
-    prism-v7 `src/models/dflash.cpp` (build_dspark_markov_head) likewise treats an absent
-    key as true for the Markov chain, and reads the key nowhere for plain DFlash. A third-
-    party analysis of another build states "absent -> false". So in the builds whose code
-    we read, absent means anchor-first for a file WITH a Markov head and bonus-anchor for
-    one without: that is what we assume. Files we write always carry the key.
+    prism-v7 `src/models/dflash.cpp` reads the key only in build_dspark_markov_head, the
+    Markov-head graph, where absent means true. A third-party analysis of another build
+    states "absent -> false". So in the builds whose code we read, absent means
+    anchor-first for a file WITH a Markov head and bonus-anchor for one without: that is
+    what we assume. Files we write always carry the key.
     """
     if file_value is not None:
         return bool(file_value), f"key:{key}", f"{key}={'true' if file_value else 'false'} in the file"
