@@ -59,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("convert", help="write a GGUF target as an MLX directory (mlx_lm can load it)")
     c.add_argument("--model", "-m", default=None)
     c.add_argument("--out", "-o", required=True)
-    c.add_argument("--dequantize", action="store_true", help="write float16 weights instead of the lossless affine repack")
+    c.add_argument("--dtype", choices=("keep", "float16", "bfloat16", "float32"), default="keep",
+                   help="keep: the GGUF's quantized tensors as the lossless MLX affine repack (default); "
+                        "float16/bfloat16/float32: dense weights in that dtype")
 
     t = sub.add_parser("train", help="train a DFlash or DSpark drafter for a target")
     from .train.cli import add_train_args
@@ -129,7 +131,7 @@ def cmd_inspect(a) -> int:
 def cmd_convert(a) -> int:
     from .loading.convert import convert_to_mlx
 
-    out = convert_to_mlx(a.model, a.out, dequantize=a.dequantize)
+    out = convert_to_mlx(a.model, a.out, dtype=a.dtype)
     print(f"wrote {out}")
     return 0
 

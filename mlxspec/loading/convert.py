@@ -43,13 +43,20 @@ def convert_to_mlx(model_path: str | None, out: str, dtype: str = "keep") -> Pat
                          key=lambda d: sum(1 for v in q.values() if v == d))
             cfg["quantization"] = {**common, **{k: v for k, v in q.items() if v != common}}
     out_p = Path(out)
+    if out_p.exists() and not out_p.is_dir():
+        raise MlxspecError(f"--out {out}: exists and is not a directory; pass a new directory")
     out_p.mkdir(parents=True, exist_ok=True)
+    tok.save_hf(out_p)  # before the weights: an unsupported vocabulary fails fast
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(out_p / "model.safetensors"), weights, metadata={"format": "mlx"})
     cfg["architectures"] = [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                              "qwen3": "Qwen3ForCausalLM"}.get(cfg["model_type"], "")]
     cfg["bos_token_id"] = tok.bos_token_id
-    cfg["eos_token_id"] = tok.eos_token_id
+    # every end-of-generation id (e.g. <|im_end|> and <|endoftext|>): mlx_lm stops on this list
+    eos = sorted(tok.eos_token_ids) or ([tok.eos_token_id] if tok.eos_token_id is not None else [])
+    cfg["eos_token_id"] = eos[0] if len(eos) == 1 else eos
     (out_p / "config.json").write_text(json.dumps(cfg, indent=2))
-    tok.save_hf(out_p)
+    (out_p / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": tok.bos_token_id, "eos_token_id": cfg["eos_token_id"]}, indent=2)
+    )
     return out_p

@@ -672,6 +672,76 @@ class Tokenizer:
         except jinja2.TemplateError as e:
             raise MlxspecError(f"chat template failed: {e}") from None
 
+    # ---- export ----
+    def save_hf(self, dir: str | os.PathLike) -> Path:
+        """Write ``tokenizer.json`` (HF ``tokenizers``) and ``tokenizer_config.json`` into ``dir``.
+
+        The files encode like this tokenizer (``transformers``/``mlx_lm.load`` read them):
+        gpt2 BPE -> the BPE model with vocab and merges, the pre-tokenizer ``Split`` regexes
+        followed by ``ByteLevel``, a ``ByteLevel`` decoder; llama SPM -> the score-ranked BPE
+        model with byte fallback, normalizer ``Prepend("▁")`` (llama.cpp's space prefix at the
+        start and after each special token) + ``Replace(" ", "▁")``, the SentencePiece decoder.
+        Control / unknown tokens become special added tokens, user-defined tokens non-special
+        added tokens (matched in raw text, as llama.cpp does); BOS/EOS insertion becomes a
+        ``TemplateProcessing`` post-processor. The chat template, BOS and EOS go to
+        tokenizer_config.json. Returns the directory."""
+        from tokenizers import AddedToken
+        from tokenizers import Tokenizer as HFTokenizer
+        from tokenizers import decoders, normalizers
+
+        out = Path(dir)
+        out.mkdir(parents=True, exist_ok=True)
+        kind = self.family.split("/")[0]
+        if self._hf is not None:  # came from a tokenizer.json: write it back as it is
+            hf = HFTokenizer.from_str(self._hf.to_str())
+        else:
+            base = _closure_value(self._encode_fragment, "hf")
+            if base is None or kind not in ("gpt2", "llama"):
+                raise MlxspecError(
+                    f"cannot write a tokenizer.json for the '{self.family}' vocabulary; "
+                    "supported: gpt2 (byte-level BPE) and llama (SentencePiece BPE) vocabularies"
+                )
+            hf = HFTokenizer.from_str(base.to_str())  # a copy: the live one stays as it is
+            if kind == "gpt2":
+                hf.decoder = decoders.ByteLevel()
+            else:
+                steps = []
+                if _closure_value(self._encode_fragment, "add_space_prefix"):
+                    steps.append(normalizers.Prepend(_SPACE))
+                steps.append(normalizers.Replace(" ", _SPACE))
+                hf.normalizer = normalizers.Sequence(steps)
+                dec = [decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+                if self._strip_first_space:
+                    dec.append(decoders.Strip(" ", 1, 0))
+                hf.decoder = decoders.Sequence(dec)
+            added = []
+            for i, (t, ty) in enumerate(zip(self._tokens, self._types)):
+                if ty in (TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNKNOWN) and self.token_to_id(t) == i:
+                    added.append(AddedToken(t, special=ty != TOKEN_USER_DEFINED, normalized=False,
+                                            lstrip=i in self._lstrip, rstrip=i in self._rstrip))
+            hf.add_special_tokens([a for a in added if a.special])
+            hf.add_tokens([a for a in added if not a.special])
+            hf = _with_template_processing(hf, self)
+        (out / "tokenizer.json").write_text(hf.to_str(pretty=True), encoding="utf-8")
+        cfg: dict[str, Any] = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "add_bos_token": bool(self.add_bos),
+            "add_eos_token": bool(self.add_eos),
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": 1 << 30,
+        }
+        if self.bos_token is not None:
+            cfg["bos_token"] = self.bos_token
+        if self.eos_token is not None:
+            cfg["eos_token"] = self.eos_token
+        unk = next((t for t, ty in zip(self._tokens, self._types) if ty == TOKEN_UNKNOWN), None)
+        if unk is not None:
+            cfg["unk_token"] = unk
+        if self.chat_template:
+            cfg["chat_template"] = self.chat_template
+        (out / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2, ensure_ascii=False), encoding="utf-8")
+        return out
+
 
 _TEMPLATE_CACHE: dict[str, Any] = {}
 
@@ -682,6 +752,44 @@ def _compile_template(template: str):
         t = _jinja_env().from_string(template)
         _TEMPLATE_CACHE[template] = t
     return t
+
+
+def _with_template_processing(hf, tok: "Tokenizer"):
+    """A copy of HF tokenizer ``hf`` whose post-processor adds ``tok``'s BOS/EOS as ``tok.encode`` does."""
+    from tokenizers import Tokenizer as HFTokenizer
+
+    single: list[dict] = []
+    specials: dict[str, dict] = {}
+
+    def special(t: str, i: int) -> dict:
+        specials[t] = {"id": t, "ids": [i], "tokens": [t]}
+        return {"SpecialToken": {"id": t, "type_id": 0}}
+
+    if tok.add_bos and tok.bos_token_id is not None:
+        single.append(special(tok.bos_token, tok.bos_token_id))
+    single.append({"Sequence": {"id": "A", "type_id": 0}})
+    if tok.add_eos and tok.eos_token_id is not None:
+        single.append(special(tok.eos_token, tok.eos_token_id))
+    if not specials:
+        return hf
+    pair = single + [
+        {"Sequence": {"id": "B", "type_id": 1}} if "Sequence" in p else {"SpecialToken": {**p["SpecialToken"], "type_id": 1}}
+        for p in single
+    ]
+    raw = json.loads(hf.to_str())
+    raw["post_processor"] = {"type": "TemplateProcessing", "single": single, "pair": pair, "special_tokens": specials}
+    return HFTokenizer.from_str(json.dumps(raw))
+
+
+def _closure_value(fn, name: str):
+    """The value a closure (e.g. a Tokenizer's fragment encoder) captured under ``name``, or None."""
+    code, cells = getattr(fn, "__code__", None), getattr(fn, "__closure__", None)
+    if code is None or not cells:
+        return None
+    for var, cell in zip(code.co_freevars, cells):
+        if var == name:
+            return cell.cell_contents
+    return None
 
 
 # --------------------------------------------------------------------------------------------
