@@ -47,6 +47,9 @@ def test_reference_lowbit_matmul(type_id):
     for w in (mx.array(raw), mx.array(raw).view(mx.uint32)):  # uint8 or uint32 raw blocks
         got = kernels.lowbit_matmul(mx.array(x), w, type_id, (N, K))
         np.testing.assert_allclose(np.array(got), want, rtol=1e-5, atol=1e-5)
+    # leading dimensions of x are kept
+    y3 = kernels.lowbit_matmul(mx.array(x).reshape(1, M, K), mx.array(raw), type_id, (N, K))
+    assert y3.shape == (1, M, N)
     # the MLX dequantizer is exactly the numpy one
     assert np.array_equal(np.array(klowbit.dequantize_mlx(mx.array(raw), type_id, (N, K))),
                           L.dequantize(type_id, raw, (N, K)))
@@ -54,7 +57,7 @@ def test_reference_lowbit_matmul(type_id):
 
 def test_lowbit_checks():
     raw = mx.zeros((4, 36), dtype=mx.uint8)
-    with pytest.raises(ValueError, match="x must be"):
+    with pytest.raises(ValueError, match=r"x must be \[\.\.\., 256\]"):
         kernels.lowbit_matmul(mx.zeros((2, 128)), raw, L.Q1_0, (4, 256))
     with pytest.raises(ValueError, match="needs 144 bytes"):
         kernels.lowbit_matmul(mx.zeros((2, 256)), raw[:3], L.Q1_0, (4, 256))
@@ -111,3 +114,13 @@ def test_gumbel_samples_follow_softmax():
     # different keys give different samples
     g2 = kmarkov.gumbel(kmarkov.seed_words(mx.random.key(12)), mx.arange(n), 4)
     assert not np.array_equal(np.array(g), np.array(g2))
+
+
+@pytest.mark.parametrize("type_id", [L.Q1_0, L.Q2_0, L.PQ2_0, L.PTQ1_0])
+def test_mlx_ops_repack_is_exact(type_id):
+    rng = np.random.default_rng(type_id)
+    raw = L.quantize(type_id, rng.standard_normal((6, 256)))
+    raw[0, 2:10] = 0xFF  # +2 codes for the 2-bit types (bytes 0-1 hold a scale)
+    wq, s, b, g, bits = klowbit.repack_mlx_ops(mx.array(raw), type_id, (6, 256))
+    got = mx.dequantize(wq, s, b, group_size=g, bits=bits)
+    assert np.array_equal(np.array(got), L.dequantize(type_id, raw, (6, 256)))

@@ -24,7 +24,7 @@ __all__ = [
 
 
 def lowbit_matmul(x: mx.array, w: mx.array, type_id: int, shape) -> mx.array:
-    """y[M, N] = x[M, K] @ W^T for W [N, K] stored as GGUF low-bit blocks (uint8 or uint32 raw).
+    """y[..., N] = x[..., K] @ W^T for W [N, K] stored as GGUF low-bit blocks (uint8 or uint32 raw).
 
     type_id: 41 Q1_0, 42 Q2_0, 142 PQ2_0, 143 PTQ1_0; shape = (N, K)."""
     impl = backend()
@@ -39,7 +39,8 @@ def markov_chain(base_logits: mx.array, w1: mx.array, w2: mx.array, anchor, temp
 
     For k in 0..B-1: z_k = base_logits[k] + w2 @ w1[x_{k-1}] (x_{-1} = anchor);
     x_k = argmax z_k when temperature == 0, else a Gumbel-max sample of softmax(z_k / T) with
-    noise derived from `key`; probs[k] = softmax(z_k / T)[x_k] (T = 1 when greedy)."""
+    noise derived from `key` (an int or mx.random key; None draws from MLX's global generator);
+    probs[k] = softmax(z_k / T)[x_k] (T = 1 when greedy)."""
     impl = backend()
     if impl == "reference":
         return markov_chain_reference(base_logits, w1, w2, anchor, temperature, key)

@@ -31,16 +31,16 @@ def _as_bytes(w: mx.array) -> mx.array:
 
 
 def check(x: mx.array, w: mx.array, type_id: int, shape) -> tuple[int, int, int, int]:
-    """Validate arguments; returns (M, N, K, row_bytes)."""
+    """Validate arguments; returns (M, N, K, row_bytes) with M the rows of x flattened."""
     block_layout(type_id)
     N, K = (int(s) for s in shape)
-    if x.ndim != 2 or x.shape[1] != K:
-        raise ValueError(f"x must be [M, {K}], got {list(x.shape)}")
+    if x.ndim < 1 or x.shape[-1] != K:
+        raise ValueError(f"x must be [..., {K}], got {list(x.shape)}")
     rb = row_bytes(type_id, K)
     nbytes = w.size * (4 if w.dtype == mx.uint32 else 1)
     if nbytes != N * rb:
         raise ValueError(f"{BLOCKS[type_id][2]} weight of shape [{N}, {K}] needs {N * rb} bytes, got {nbytes}")
-    return x.shape[0], N, K, rb
+    return x.size // K, N, K, rb
 
 
 def plan(M: int, N: int, K: int, type_id: int, dtype) -> Launch:
@@ -54,13 +54,14 @@ def plan(M: int, N: int, K: int, type_id: int, dtype) -> Launch:
 
 
 def lowbit_matmul_kernel(x: mx.array, w: mx.array, type_id: int, shape, run) -> mx.array:
-    """The GPU path: `run(spec, inputs, launch)` is mx.fast (or the CPU emulator in tests)."""
+    """The GPU path: `run(spec, inputs, launch)` is mx.fast (or the CPU emulator in tests).
+    x is [..., K]; leading dimensions are flattened into the M rows."""
     M, N, K, rb = check(x, w, type_id, shape)
     if x.dtype not in KERNEL_DTYPES:
         raise TypeError(f"x dtype {x.dtype} is not supported by the low-bit kernel")
     params = mx.array([M, N, K, rb], dtype=mx.int32)
-    (y,) = run(SPEC, [x, _as_bytes(w).reshape(N, rb), params], plan(M, N, K, type_id, x.dtype))
-    return y
+    (y,) = run(SPEC, [x.reshape(M, K), _as_bytes(w).reshape(N, rb), params], plan(M, N, K, type_id, x.dtype))
+    return y.reshape(*x.shape[:-1], N)
 
 
 # ---- pure-MLX reference ----
@@ -69,8 +70,9 @@ _TRITS = mx.array(((((np.arange(256, dtype=np.uint32)[:, None] * np.array([1, 3,
                      & 0xFF) * 3) >> 8).astype(np.uint8))
 
 
-def dequantize_mlx(w: mx.array, type_id: int, shape) -> mx.array:
-    """GGUF low-bit blocks -> float32 [N, K] with MLX ops (same values as loading.lowbit)."""
+def _codes_and_scale(w: mx.array, type_id: int, shape):
+    """(codes uint8 [N, K/qk, qk] for PTQ1_0 trits, or the raw code bytes for the other types;
+    d float32 [N, K/qk, 1])."""
     N, K = (int(s) for s in shape)
     qk, nb = block_layout(type_id)
     blk = _as_bytes(w).reshape(N, K // qk, nb)
@@ -79,19 +81,43 @@ def dequantize_mlx(w: mx.array, type_id: int, shape) -> mx.array:
         a = _TRITS[blk[..., 0:16]].transpose(0, 1, 3, 2).reshape(N, K // qk, 80)
         b = _TRITS[blk[..., 16:24]].transpose(0, 1, 3, 2).reshape(N, K // qk, 40)
         c = _TRITS[blk[..., 24:26]][..., :4].transpose(0, 1, 3, 2).reshape(N, K // qk, 8)
-        codes = mx.concatenate([a, b, c], axis=-1)
-        return ((codes.astype(mx.float32) - 1.0) * d).reshape(N, K)
-    d = blk[..., 0:2].view(mx.float16).astype(mx.float32)
-    body = blk[..., 2:]
+        return mx.concatenate([a, b, c], axis=-1), d
+    return blk[..., 2:], blk[..., 0:2].view(mx.float16).astype(mx.float32)
+
+
+def dequantize_mlx(w: mx.array, type_id: int, shape) -> mx.array:
+    """GGUF low-bit blocks -> float32 [N, K] with MLX ops (same values as loading.lowbit)."""
+    N, K = (int(s) for s in shape)
+    qk, _ = block_layout(type_id)
+    codes, d = _codes_and_scale(w, type_id, shape)
     if type_id == 41:
-        bits = (body[..., None] >> mx.arange(8, dtype=mx.uint8)) & 1
-        w = mx.where(bits.reshape(N, K // qk, qk) > 0, d, -d)
-        return w.reshape(N, K)
-    codes = (body[..., None] >> mx.array([0, 2, 4, 6], dtype=mx.uint8)) & 3
-    return ((codes.reshape(N, K // qk, qk).astype(mx.float32) - 1.0) * d).reshape(N, K)
+        bits = (codes[..., None] >> mx.arange(8, dtype=mx.uint8)) & 1
+        return mx.where(bits.reshape(N, K // qk, qk) > 0, d, -d).reshape(N, K)
+    if type_id != 143:
+        codes = ((codes[..., None] >> mx.array([0, 2, 4, 6], dtype=mx.uint8)) & 3).reshape(N, K // qk, qk)
+    return ((codes.astype(mx.float32) - 1.0) * d).reshape(N, K)
+
+
+def repack_mlx_ops(w: mx.array, type_id: int, shape):
+    """Lossless MLX affine repack with MLX ops (lazy; see loading.lowbit.repack_mlx for the
+    mapping): (w_q uint32, scales float32, biases float32, group_size, bits)."""
+    N, K = (int(s) for s in shape)
+    qk, _ = block_layout(type_id)
+    codes, d = _codes_and_scale(w, type_id, shape)
+    if type_id == 143:
+        c = codes.reshape(N, K // 16, 16).astype(mx.uint32)
+        wq = (c << (2 * mx.arange(16, dtype=mx.uint32))).sum(axis=-1).astype(mx.uint32)
+    else:
+        wq = mx.contiguous(codes).reshape(N, -1).view(mx.uint32)
+    bits, group = (1, 128) if type_id == 41 else (2, qk)
+    scales = (2 * d if type_id == 41 else d).reshape(N, K // qk)
+    return wq, scales, (-d).reshape(N, K // qk), group, bits
 
 
 def lowbit_matmul_reference(x: mx.array, w: mx.array, type_id: int, shape) -> mx.array:
-    """Pure-MLX reference: dequantize to float32, matmul in float32, cast to x.dtype."""
+    """Pure-MLX reference: lossless repack (float32 scales, exact weights) and
+    mx.quantized_matmul in float32, cast to x.dtype."""
     check(x, w, type_id, shape)
-    return (x.astype(mx.float32) @ dequantize_mlx(w, type_id, shape).T).astype(x.dtype)
+    wq, scales, biases, group, bits = repack_mlx_ops(w, type_id, shape)
+    y = mx.quantized_matmul(x.astype(mx.float32), wq, scales, biases, transpose=True, group_size=group, bits=bits)
+    return y.astype(x.dtype)

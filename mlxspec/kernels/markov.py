@@ -43,9 +43,12 @@ def check(base: mx.array, w1: mx.array, w2: mx.array) -> tuple[int, int, int]:
     return B, V, w1.shape[1]
 
 
-def seed_words(key) -> mx.array:
-    """Two uint32 seed words [2] from None, an int, or an mx.random key (no host sync)."""
+def seed_words(key, fresh: bool = False) -> mx.array:
+    """Two uint32 seed words [2] from an int or an mx.random key (no host sync). key=None gives
+    fresh words from MLX's global generator when `fresh`, else zeros."""
     if key is None:
+        if fresh:
+            return mx.random.randint(0, 1 << 31, (2,)).astype(mx.uint32)
         return mx.zeros((2,), dtype=mx.uint32)
     if isinstance(key, int):
         return mx.array([key & 0xFFFFFFFF, (key >> 32) & 0xFFFFFFFF], dtype=mx.uint32)
@@ -79,12 +82,13 @@ def markov_chain_reference(base: mx.array, w1: mx.array, w2: mx.array, anchor, t
                            key=None) -> tuple[mx.array, mx.array]:
     """Pure-MLX reference: a loop over the B positions, float32 throughout."""
     B, V, _ = check(base, w1, w2)
-    seed = seed_words(key)
     greedy = not temperature > 0
+    seed = seed_words(key, fresh=not greedy)
     prev = mx.array(anchor).astype(mx.int32).reshape(())
+    w2f = w2.astype(mx.float32)
     tokens, probs = [], []
     for k in range(B):
-        z = base[k].astype(mx.float32) + w2.astype(mx.float32) @ w1[prev].astype(mx.float32)
+        z = base[k].astype(mx.float32) + w2f @ w1[prev].astype(mx.float32)
         s = z if greedy else z / temperature
         score = s if greedy else s + gumbel(seed, k, V)
         x = mx.argmax(score).astype(mx.int32)
@@ -117,7 +121,7 @@ def markov_chain_kernel(base: mx.array, w1: mx.array, w2: mx.array, anchor, temp
     for a in (base, w1, w2):
         if a.dtype not in KERNEL_DTYPES:
             raise TypeError(f"dtype {a.dtype} is not supported by the Markov kernel")
-    seed = seed_words(key)
+    seed = seed_words(key, fresh=temperature > 0)
     step = plan_step(B, V, r, max_groups)
     groups = step.output_shapes[0][0]
     temp = mx.array([max(float(temperature), 0.0)], dtype=mx.float32)
