@@ -103,6 +103,13 @@ def test_markov_head_changes_the_chain():
     assert probs[0].item() == pytest.approx(np.exp(3) / (np.exp(3) + 9), rel=1e-6)
 
 
+def test_markov_checks():
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        kernels.markov_chain(mx.zeros((2, 10)), mx.zeros((10, 4)), mx.zeros((10, 4)), anchor=10)
+    with pytest.raises(ValueError, match=r"w1 and w2 must both be \[V=10, r\]"):
+        kernels.markov_chain(mx.zeros((2, 10)), mx.zeros((10, 4)), mx.zeros((10, 5)), anchor=1)
+
+
 def test_gumbel_samples_follow_softmax():
     """argmax(s + g) over many positions is distributed as softmax(s)."""
     s = np.log(np.array([0.5, 0.25, 0.15, 0.1], dtype=np.float32))

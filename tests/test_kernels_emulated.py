@@ -174,3 +174,42 @@ def test_benchmark_code_runs_on_the_emulator():
         assert r.get("tokens_equal", True), r
     md = bench._row_md(rows[0])
     assert md.startswith("| lowbit_matmul | Q1_0 | tiny | 1 |")
+
+
+def test_metal_wrapper_is_what_mx_fast_generates():
+    """The signature mx.fast.metal_kernel writes (mlx/fast.cpp write_signature): inputs in
+    order, small inputs in the constant space, outputs, then the attributes the body names."""
+    from metal_shim.emulator import metal_signature
+
+    x, raw = lowbit_inputs(L.Q1_0, 2, 256, mx.float16)
+    inputs = [x, raw, mx.zeros((4,), mx.int32)]
+    launch = klowbit.plan(2, N, 256, L.Q1_0, mx.float16)
+    text = metal_signature(klowbit.SPEC, inputs, launch, klowbit.SPEC.source("metal")[1], emulated=False)
+    head = text.split(") {", 1)[0]
+    assert head.splitlines() == [
+        "template <typename T, int QTYPE, int TM, int RPS>",
+        "[[kernel]] void custom_kernel_mlxspec_lowbit_matmul(",
+        "  const device float16_t* x [[buffer(0)]],",
+        "  const device uint8_t* w [[buffer(1)]],",
+        "  const constant int32_t* params [[buffer(2)]],",
+        "  device float16_t* y [[buffer(3)]],",
+        "  uint simdgroup_index_in_threadgroup [[simdgroup_index_in_threadgroup]],",
+        "  uint thread_index_in_simdgroup [[thread_index_in_simdgroup]],",
+        "  uint3 threadgroup_position_in_grid [[threadgroup_position_in_grid]],",
+        "  uint3 threads_per_threadgroup [[threads_per_threadgroup]]",
+    ]
+
+
+def test_kernel_sources_stay_in_the_shared_subset():
+    """Constructs that compile as C++ in the emulator but not as Metal (C++14-based), or that
+    the shims do not implement, are kept out of the kernel sources."""
+    import re
+
+    forbidden = [r"\bstd::", r"\bauto\b", r"if\s+constexpr", r"\[[&=]\]", r"\b(float|half|int|uint)[234]\b",
+                 r"\batomic", r"\bprintf\b"]
+    for spec in (klowbit.SPEC, kmarkov.STEP, kmarkov.FINISH):
+        for language in LANGUAGES:
+            text = "".join(spec.source(language))
+            code = re.sub(r"//[^\n]*", "", text)
+            for pattern in forbidden:
+                assert not re.search(pattern, code), (spec.stem, language, pattern)

@@ -33,13 +33,15 @@ MAX_GROUPS = 1024
 KERNEL_DTYPES = (mx.float32, mx.float16, mx.bfloat16)
 
 
-def check(base: mx.array, w1: mx.array, w2: mx.array) -> tuple[int, int, int]:
-    """Validate shapes; returns (B, V, r)."""
-    if base.ndim != 2:
-        raise ValueError(f"base_logits must be [B, V], got {list(base.shape)}")
+def check(base: mx.array, w1: mx.array, w2: mx.array, anchor=None) -> tuple[int, int, int]:
+    """Validate shapes (and a Python int anchor); returns (B, V, r)."""
+    if base.ndim != 2 or base.shape[0] < 1:
+        raise ValueError(f"base_logits must be [B >= 1, V], got {list(base.shape)}")
     B, V = base.shape
     if w1.ndim != 2 or w2.shape != w1.shape or w1.shape[0] != V:
         raise ValueError(f"w1 and w2 must both be [V={V}, r], got {list(w1.shape)} and {list(w2.shape)}")
+    if isinstance(anchor, int) and not 0 <= anchor < V:
+        raise ValueError(f"anchor token {anchor} is outside the vocabulary [0, {V})")
     return B, V, w1.shape[1]
 
 
@@ -81,7 +83,7 @@ def gumbel(seed: mx.array, k, V: int) -> mx.array:
 def markov_chain_reference(base: mx.array, w1: mx.array, w2: mx.array, anchor, temperature: float = 0.0,
                            key=None) -> tuple[mx.array, mx.array]:
     """Pure-MLX reference: a loop over the B positions, float32 throughout."""
-    B, V, _ = check(base, w1, w2)
+    B, V, _ = check(base, w1, w2, anchor)
     greedy = not temperature > 0
     seed = seed_words(key, fresh=not greedy)
     prev = mx.array(anchor).astype(mx.int32).reshape(())
@@ -115,7 +117,7 @@ def markov_chain_kernel(base: mx.array, w1: mx.array, w2: mx.array, anchor, temp
                         run, max_groups: int = MAX_GROUPS) -> tuple[mx.array, mx.array]:
     """The GPU path: `run(spec, inputs, launch)` is mx.fast (or the CPU emulator in tests).
     max_groups caps the threadgroups per step (each then covers more rows)."""
-    B, V, r = check(base, w1, w2)
+    B, V, r = check(base, w1, w2, anchor)
     if r % 32:
         raise ValueError(f"the Markov kernel needs a rank that is a multiple of 32, got {r}")
     for a in (base, w1, w2):
