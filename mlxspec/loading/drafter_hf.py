@@ -266,11 +266,10 @@ def read_hf_drafter(path: str) -> RawDrafter:
         draft_vocab = int(shapes["d2t"][0])
         if "t2d" in shapes:
             extra_claimed["t2d"] = (dims["vocab_size"],)
-        if "lm_head.weight" not in shapes:
-            raise MlxspecError(
-                f"{path}: reduced-vocabulary drafter (d2t, {draft_vocab} ids) has no lm_head.weight; the "
-                "target's head cannot stand in for it: re-export with the lm_head"
-            )
+        # No lm_head with d2t: the head is BORROWED from the target (its rows at the d2t
+        # ids), as for any drafter that carries no head of its own. mlxspec's trainer
+        # writes such files: the head is frozen target rows, so storing it would only
+        # duplicate the target's weights (4.7M params for SmolLM2 with 8192 ids).
     elif fmt != "speculators":
         notes["reduced draft vocabulary"] = f"the {fmt} format has no reduced vocabulary"
     extra["draft_vocab_size_config"] = config.get("draft_vocab_size")

@@ -71,8 +71,15 @@ class BlockDrafter:
     position ctx_len (checked in `draft`).
     """
 
-    def __init__(self, model: DFlashModel, target: Target, block_size: int | None = None):
+    def __init__(self, model: DFlashModel, target: Target, block_size: int | None = None, dtype=None):
         c = model.config
+        from ..loading.target import default_dense
+
+        if dtype is None and default_dense():
+            dtype = mx.float32  # CPU: float16 matmuls are several times slower than float32 BLAS
+        if dtype is not None:
+            model.apply(lambda a: a.astype(dtype) if mx.issubdtype(a.dtype, mx.floating) else a)
+            mx.eval(model.parameters())
         self.model, self.cfg, self.target = model, c, target
         self.name = c.lineage
         self.taps = tuple(c.target_layer_ids)
