@@ -1,0 +1,440 @@
+"""`mlxspec inspect PATH`: what a GGUF file or model directory holds, what mlxspec makes
+of it, and the problems found.
+
+Works without loading the weights of a target (the tensor table and metadata are enough
+to plan the load: which tensors stay quantized, which are repacked, which are
+dequantized and at what memory cost, what is missing or left over). Drafters (GGUF
+`dflash` / `dspark`, or Hugging Face drafter directories) are small and are loaded with
+`mlxspec.loading.drafter.load_drafter(path, None)` so the report shows the lineage and
+block layout exactly as generation would see them.
+
+A path that is missing or is not a GGUF file / model directory is a user error
+(MlxspecError). Problems inside a readable file (unsupported tensor types, unknown
+tensors, an unsupported architecture, a tokenizer that does not fit) are listed in the
+report instead.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import struct
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from .errors import MlxspecError
+
+_AFFINE_KEPT = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
+_LOWBIT_REPACK = {"Q1_0": (1, 128), "Q2_0": (2, 64), "PQ2_0": (2, 128)}
+_PLAIN = ("F32", "F16", "BF16")
+_BIG_META = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
+
+
+def inspect_path(path: str | os.PathLike) -> str:
+    """The report for a .gguf file or a model / drafter directory, as text."""
+    p = Path(path)
+    if not p.exists():
+        raise MlxspecError(f"{path}: no such file or directory; pass a .gguf file or a model/drafter directory")
+    if p.is_dir():
+        return _inspect_dir(p)
+    return _inspect_gguf(p)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def _short(v, width: int = 90) -> str:
+    if isinstance(v, np.ndarray):
+        return f"[{v.dtype} array of {v.size}]"
+    if isinstance(v, dict):
+        s = json.dumps(v, default=str)
+        return s if len(s) <= width else s[: width - 3] + "..."
+    if isinstance(v, (list, tuple)):
+        if len(v) > 8:
+            return f"[array of {len(v)}]"
+        s = json.dumps(list(v), default=str)
+    elif isinstance(v, str):
+        s = json.dumps(v)
+    else:
+        s = str(v)
+    return s if len(s) <= width else s[: width - 3] + "..."
+
+
+def _pattern(name: str) -> str:
+    return re.sub(r"(blk|layers)\.\d+\.", r"\1.*.", name)
+
+
+def _shape(s) -> str:
+    return "[" + ", ".join(str(int(x)) for x in s) + "]"
+
+
+def _section(lines: list[str], title: str) -> None:
+    lines.append("")
+    lines.append(f"{title}:")
+
+
+def _tensor_groups(rows) -> list[str]:
+    """rows: (name, type, shape) -> 'pattern  type  shape  xN' lines, layer index folded."""
+    groups: dict[tuple, int] = Counter()
+    order: list[tuple] = []
+    for name, typ, shape in rows:
+        key = (_pattern(name), typ, tuple(int(x) for x in shape))
+        if key not in groups:
+            order.append(key)
+        groups[key] += 1
+    width = max((len(k[0]) for k in order), default=0)
+    return [f"    {pat:<{width}}  {typ:<8} {_shape(shape):<16} x{groups[(pat, typ, shape)]}"
+            for pat, typ, shape in order]
+
+
+# ----------------------------------------------------------------------------- GGUF
+
+def _inspect_gguf(p: Path) -> str:
+    from .loading.gguf_file import read_gguf
+
+    g = read_gguf(p)  # missing / not GGUF / truncated header -> MlxspecError (one line)
+    md = g.metadata
+    size = p.stat().st_size
+    lines = [f"{p}", f"  GGUF version {g.version}, {_mb(size)}, {len(g.tensors)} tensors, {len(md)} metadata keys"]
+    problems: list[str] = []
+
+    _section(lines, "metadata")
+    for k in sorted(md):
+        v = md[k]
+        if k in _BIG_META:
+            n = len(v) if hasattr(v, "__len__") else "?"
+            lines.append(f"  {k}: [{n} entries]")
+        elif k.startswith("tokenizer.chat_template"):
+            lines.append(f"  {k}: ({len(str(v))} characters)")
+        else:
+            lines.append(f"  {k}: {_short(v)}")
+
+    _section(lines, "tensors")
+    by_type: dict[str, list] = defaultdict(lambda: [0, 0, 0])
+    for t in g.tensors:
+        n_el = int(np.prod(t.shape)) if t.shape else 1
+        row = by_type[t.type_name]
+        row[0] += 1
+        row[1] += n_el
+        row[2] += max(t.nbytes, 0)
+    lines.append(f"  {len(g.tensors)} tensors, {sum(r[1] for r in by_type.values()):,} weights")
+    for typ, (n, n_el, nb) in sorted(by_type.items(), key=lambda kv: -kv[1][1]):
+        lines.append(f"    {typ:<10} {n:>5} tensors  {n_el:>14,} weights  {_mb(nb) if nb else '? bytes':>12}")
+    lines.append("  shapes (numpy order, rows first):")
+    lines.extend(_tensor_groups((t.name, t.type_name, t.shape) for t in g.tensors))
+
+    arch = g.architecture
+    _section(lines, "mlxspec")
+    from .loading.gguf_target import SUPPORTED_ARCHS
+
+    if arch in SUPPORTED_ARCHS:
+        _gguf_target_view(g, lines, problems)
+    elif arch in ("dflash", "dspark"):
+        _drafter_view(str(p), lines, problems)
+    else:
+        lines.append(f"  architecture: {arch!r}")
+        problems.append(
+            f"architecture '{arch}' is not supported: targets are {', '.join(SUPPORTED_ARCHS)}; "
+            "drafters are dflash / dspark GGUF files"
+        )
+    _problems(lines, problems)
+    return "\n".join(lines)
+
+
+def _dequantizable(type_id: int) -> bool:
+    try:
+        import gguf
+
+        return gguf.GGMLQuantizationType(type_id) in gguf.quants._type_traits
+    except (ValueError, AttributeError, ImportError):
+        return False
+
+
+def _plan(info) -> tuple[str, int | None, str | None]:
+    """(what the loader does with this tensor, bytes it takes after loading or None, problem or None)."""
+    from .loading.gguf_file import GGML_TYPES
+
+    name, n_el = info.type_name, int(np.prod(info.shape)) if info.shape else 1
+    two_d = len(info.shape) == 2
+    if info.type_id not in GGML_TYPES:
+        return "unsupported", None, f"{info.name} has tensor type {name}, which mlxspec cannot read"
+    if name in _PLAIN:
+        return f"{name} as is", n_el * (4 if name in ("F32", "BF16") and not two_d else 2), None
+    if two_d and name in _AFFINE_KEPT:
+        bits = _AFFINE_KEPT[name]
+        return f"kept quantized: MLX affine {bits}-bit, group 32 (lossless)", n_el * bits // 8 + n_el // 32 * 4, None
+    if two_d and name in _LOWBIT_REPACK:
+        bits, group = _LOWBIT_REPACK[name]
+        return (f"repacked bit-exact: MLX affine {bits}-bit, group {group}", n_el * bits // 8 + n_el // group * 4,
+                None)
+    if name == "PTQ1_0":
+        return "dequantized to float16 (ternary has no exact MLX affine form)", n_el * 2, None
+    if _dequantizable(info.type_id):
+        return f"dequantized to float16 with the gguf package", n_el * 2, None
+    return "unsupported", None, f"{info.name} has tensor type {name}, which mlxspec cannot load"
+
+
+def _gguf_target_view(g, lines: list[str], problems: list[str]) -> None:
+    from .loading.gguf_target import gguf_config, gguf_to_hf_name
+
+    try:
+        cfg = gguf_config(g)
+    except MlxspecError as e:
+        problems.append(str(e))
+        return
+    lines.append(f"  role: target ({cfg['model_type']})")
+    lines.append(
+        f"  dims: {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, "
+        f"heads {cfg['num_attention_heads']} (kv {cfg['num_key_value_heads']}, head_dim {cfg['head_dim']}), "
+        f"ffn {cfg['intermediate_size']}, vocab {cfg['vocab_size']}"
+    )
+    lines.append(
+        f"  rope: theta {cfg['rope_theta']:g}{', scaling ' + json.dumps(cfg['rope_scaling']) if 'rope_scaling' in cfg else ''}"
+        f"; context {cfg['max_position_embeddings']}; tied embeddings: {'yes' if cfg['tie_word_embeddings'] else 'no'}"
+    )
+    if cfg["model_type"] == "llama":
+        lines.append("  Q/K rows: un-permuted at load (llama.cpp's convert-time RoPE row permutation)")
+
+    # quantization plan, grouped
+    plan: dict[str, list] = defaultdict(lambda: [0, 0, 0, set()])  # what -> [tensors, file bytes, loaded bytes, types]
+    unknown = []
+    mapped: dict[str, tuple] = {}
+    for t in g.tensors:
+        hf = gguf_to_hf_name(t.name)
+        if hf is None:
+            unknown.append(t.name)
+        else:
+            mapped[hf] = tuple(t.shape)
+        what, loaded, problem = _plan(t)
+        if problem:
+            problems.append(problem)
+        row = plan[what]
+        row[0] += 1
+        row[1] += max(t.nbytes, 0)
+        row[2] += loaded or 0
+        row[3].add(t.type_name)
+    lines.append("  quantization (as mlxspec loads it):")
+    for what, (n, fb, lb, types) in sorted(plan.items(), key=lambda kv: -kv[1][1]):
+        cost = ""
+        if what.startswith("dequantized") and fb:
+            cost = f"; memory {_mb(lb)} instead of {_mb(fb)} ({lb / fb:.1f}x)"
+        lines.append(f"    {'/'.join(sorted(types)):<10} {n:>5} tensors: {what}{cost}")
+    n_weights = sum(int(np.prod(t.shape)) for t in g.tensors)
+    lines.append(
+        f"  compute: on Metal/CUDA the quantized weights are used as loaded; on CPU mlxspec runs dense "
+        f"float32 ({_mb(n_weights * 4)})"
+    )
+    if unknown:
+        problems.append(
+            f"tensors not used by the {cfg['model_type']} model: {', '.join(unknown[:8])}"
+            f"{' ...' if len(unknown) > 8 else ''} (loading fails: different architecture or variant)"
+        )
+
+    # required tensors, from the mlx-lm model skeleton (lazy: nothing is computed)
+    try:
+        import mlx.nn as nn
+        from mlx_lm.utils import _get_classes
+
+        model_class, args_class = _get_classes(cfg)
+        want = dict(nn.utils.tree_flatten(model_class(args_class.from_dict(cfg)).parameters()))
+        missing = [k for k in want if k not in mapped]
+        if missing:
+            problems.append(
+                f"required tensors missing: {', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''} "
+                "(loading fails: the file is incomplete)"
+            )
+        bad = [f"{k} {_shape(mapped[k])} (expected {_shape(v.shape)})"
+               for k, v in want.items() if k in mapped and tuple(v.shape) != mapped[k]]
+        if bad:
+            problems.append(f"tensor shapes disagree with the metadata: {'; '.join(bad[:4])}")
+    except Exception as e:  # a config mlx-lm cannot build is itself a problem worth showing
+        problems.append(f"mlx-lm cannot build a {cfg['model_type']} model from this metadata: {e}")
+
+    _gguf_tokenizer_view(g, cfg, lines, problems)
+
+
+def _gguf_tokenizer_view(g, cfg: dict, lines: list[str], problems: list[str]) -> None:
+    from .loading.tokenizer import load_gguf_tokenizer
+
+    try:
+        tok = load_gguf_tokenizer(g.metadata)
+    except MlxspecError as e:
+        problems.append(f"tokenizer: {e}")
+        return
+    emb = g.tensor_map().get("token_embd.weight")
+    rows = emb.shape[0] if emb is not None else cfg["vocab_size"]
+    eog = ", ".join(f"{i} {tok.id_to_token(i)!r}" for i in sorted(tok.eos_token_ids))
+    lines.append(
+        f"  tokenizer: {tok.family}, {tok.vocab_size} tokens; bos {tok.bos_token!r} "
+        f"({'added' if tok.add_bos else 'not added'}); end of generation: {eog or 'none'}; "
+        f"chat template: {'yes' if tok.has_chat_template else 'no'}"
+    )
+    if tok.vocab_size > rows:
+        problems.append(
+            f"tokenizer has {tok.vocab_size} tokens but the embedding has {rows} rows: the tokenizer does "
+            "not belong to this model"
+        )
+
+
+# ----------------------------------------------------------------------------- drafters
+
+def _drafter_view(path: str, lines: list[str], problems: list[str]) -> None:
+    from .loading import drafter as drafter_mod
+
+    load = getattr(drafter_mod, "load_drafter", None)
+    if load is None:
+        problems.append("this mlxspec has no drafter loader; cannot describe the drafter")
+        return
+    log = io.StringIO()
+    try:
+        model, cfg = load(path, None, log=log)
+    except MlxspecError as e:
+        problems.append(str(e))
+        return
+    layout = "anchor-first" if cfg.sample_from_anchor else "bonus-anchor"
+    markov = f"{cfg.markov_head_type}, rank {cfg.markov_rank}" if cfg.markov_rank else "none"
+    lines.append(f"  role: drafter ({cfg.lineage}), format {cfg.source_format}")
+    lines.append(f"  layout: {layout} (sample_from_anchor={'true' if cfg.sample_from_anchor else 'false'}): "
+                 f"{cfg.layout_reason}")
+    lines.append(f"  block: {cfg.block_size} rows, {cfg.n_drafts} drafts per step; mask token {cfg.mask_token_id}")
+    lines.append(f"  taps (target layer outputs): {', '.join(str(t) for t in cfg.target_layer_ids)}")
+    lines.append(
+        f"  dims: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, heads {cfg.num_attention_heads} "
+        f"(kv {cfg.num_key_value_heads}, head_dim {cfg.head_dim}), ffn {cfg.intermediate_size}, "
+        f"target vocab {cfg.vocab_size}"
+        + (f", draft vocab {cfg.draft_vocab_size}" if cfg.draft_vocab_size else "")
+    )
+    lines.append(
+        f"  markov head: {markov}; confidence head: {'yes' if cfg.confidence_head else 'no'}; "
+        f"log-SNR: {'yes' if cfg.log_snr else 'no'}; own embedding: {'yes' if cfg.has_embed else 'no (target’s)'}; "
+        f"own LM head: {'yes' if cfg.has_lm_head else 'no (target’s)'}"
+    )
+    for ln in log.getvalue().splitlines():
+        if ln.strip():
+            lines.append(f"  loader: {ln.strip()}")
+
+
+# ----------------------------------------------------------------------------- directories
+
+def _safetensors_table(d: Path) -> list[tuple[str, str, tuple]]:
+    rows = []
+    for fp in sorted(d.glob("*.safetensors")):
+        with open(fp, "rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise MlxspecError(f"{fp}: truncated safetensors file; copy it again")
+            (n,) = struct.unpack("<Q", head)
+            raw = f.read(n)
+            if len(raw) < n:
+                raise MlxspecError(f"{fp}: truncated safetensors header; copy it again")
+        try:
+            hdr = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise MlxspecError(f"{fp}: not a safetensors file ({e})") from None
+        for k, v in hdr.items():
+            if k != "__metadata__":
+                rows.append((k, v.get("dtype", "?"), tuple(v.get("shape", ()))))
+    return rows
+
+
+def _inspect_dir(d: Path) -> str:
+    cfg_path = d / "config.json"
+    if not cfg_path.exists():
+        raise MlxspecError(f"{d}: no config.json; pass an MLX/HF model or drafter directory, or a .gguf file")
+    try:
+        config = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise MlxspecError(f"{cfg_path}: not valid JSON ({e}); copy the file again") from None
+    lines = [f"{d}", f"  directory: {', '.join(sorted(x.name for x in d.iterdir()))}"]
+    problems: list[str] = []
+
+    _section(lines, "config.json")
+    for k in sorted(config):
+        lines.append(f"  {k}: {_short(config[k])}")
+
+    rows = _safetensors_table(d)
+    _section(lines, "tensors")
+    if not rows:
+        problems.append("no .safetensors weights in the directory")
+    else:
+        by = Counter()
+        for _, dt, _s in rows:
+            by[dt] += 1
+        lines.append(f"  {len(rows)} tensors: " + ", ".join(f"{dt} {n}" for dt, n in by.most_common()))
+        lines.append("  shapes:")
+        lines.extend(_tensor_groups(rows))
+
+    _section(lines, "mlxspec")
+    from .loading.drafter_hf import detect_format
+
+    try:
+        detect_format(config, str(d))
+        is_drafter = True
+    except MlxspecError:
+        is_drafter = False
+    if is_drafter:
+        _drafter_view(str(d), lines, problems)
+    else:
+        _dir_target_view(d, config, rows, lines, problems)
+    _problems(lines, problems)
+    return "\n".join(lines)
+
+
+def _dir_target_view(d: Path, config: dict, rows, lines: list[str], problems: list[str]) -> None:
+    mt = config.get("model_type")
+    if mt not in ("llama", "qwen2", "qwen3", "mistral"):
+        lines.append(f"  model_type: {mt!r}")
+        problems.append(
+            f"model_type '{mt}' is not supported as a target (llama, qwen2, qwen3) and config.json is not a "
+            "DFlash/DSpark drafter"
+        )
+        return
+    lines.append(f"  role: target ({mt})")
+    lines.append(
+        f"  dims: {config.get('num_hidden_layers')} layers, hidden {config.get('hidden_size')}, heads "
+        f"{config.get('num_attention_heads')} (kv {config.get('num_key_value_heads')}), ffn "
+        f"{config.get('intermediate_size')}, vocab {config.get('vocab_size')}"
+    )
+    q = config.get("quantization") or config.get("quantization_config")
+    if q:
+        per = {k: v for k, v in q.items() if isinstance(v, dict)}
+        base = {k: v for k, v in q.items() if not isinstance(v, dict)}
+        lines.append(f"  quantization: {json.dumps(base)}" + (f"; {len(per)} modules differ" if per else ""))
+    else:
+        dts = Counter(dt for _, dt, _s in rows)
+        lines.append(f"  quantization: none (dense {', '.join(dts)})")
+    emb_rows = next((s[0] for n, _, s in rows if n.endswith("embed_tokens.weight")), None)
+    if not (d / "tokenizer.json").exists():
+        problems.append("no tokenizer.json; copy the model's tokenizer files into the directory")
+        return
+    from .loading.tokenizer import load_hf_tokenizer
+
+    try:
+        tok = load_hf_tokenizer(d)
+    except MlxspecError as e:
+        problems.append(f"tokenizer: {e}")
+        return
+    lines.append(
+        f"  tokenizer: tokenizer.json, {tok.vocab_size} tokens; bos {tok.bos_token!r}; eos {tok.eos_token!r}; "
+        f"chat template: {'yes' if tok.has_chat_template else 'no'}"
+    )
+    if emb_rows is not None and tok.vocab_size > emb_rows:
+        problems.append(
+            f"tokenizer has {tok.vocab_size} tokens but the embedding has {emb_rows} rows: the tokenizer does "
+            "not belong to this model"
+        )
+
+
+def _problems(lines: list[str], problems: list[str]) -> None:
+    _section(lines, "problems")
+    if not problems:
+        lines.append("  none found")
+    for pr in problems:
+        lines.append(f"  - {pr}")
