@@ -170,10 +170,14 @@ def test_benchmark_code_runs_on_the_emulator():
     rows += bench.bench_markov(emu.run, 1e9, [(2, 100, 32)], 1, rng, reps=1)
     assert len(rows) == 6
     for r in rows:
+        assert r["ours_error"] is None and r["mlx_error"] is None, r
         assert r["max_rel_err"] < 1e-2 and r["ours_us"] > 0 and r["floor_us"] > 0, r
         assert r.get("tokens_equal", True), r
     md = bench._row_md(rows[0])
     assert md.startswith("| lowbit_matmul | Q1_0 | tiny | 1 |")
+    # a path that fails on a backend is reported in its row, not fatal
+    failed = dict(rows[0], mlx_us=None, mlx_error="ValueError: bits=1 unsupported")
+    assert "| - |" in bench._row_md(failed) and "bits=1 unsupported" in bench._row_md(failed)
 
 
 def test_metal_wrapper_is_what_mx_fast_generates():
