@@ -8,8 +8,11 @@ See mlxspec/kernels/README.md.
 """
 
 import sys
+from pathlib import Path
 
-from mlxspec.kernels.bench import main
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, uninstalled
+
+from mlxspec.kernels.bench import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main("metal"))
