@@ -217,3 +217,30 @@ def test_kernel_sources_stay_in_the_shared_subset():
             code = re.sub(r"//[^\n]*", "", text)
             for pattern in forbidden:
                 assert not re.search(pattern, code), (spec.stem, language, pattern)
+
+
+@dataclasses.dataclass(frozen=True)
+class InlineSpec(KernelSpec):
+    """A test kernel given as text (Metal)."""
+    body: str = ""
+
+    def source(self, language):
+        return "", self.body
+
+
+@pytest.mark.parametrize("body, message", [
+    ("if (thread_index_in_threadgroup < 48) { threadgroup_barrier(mem_flags::mem_threadgroup); }\n"
+     "out[thread_position_in_grid.x] = a[thread_position_in_grid.x];", "barrier not reached"),
+    ("float v = a[thread_position_in_grid.x];\n"
+     "if (thread_index_in_simdgroup < 16) { v = simd_sum(v); }\n"
+     "out[thread_position_in_grid.x] = v;", "SIMD collective simd_sum"),
+    ("out[thread_position_in_grid.x + 1] = a[thread_position_in_grid.x];", "past the end of buffer 'out'"),
+])
+def test_emulator_rejects_undefined_behaviour(body, message):
+    """The emulator's own checks: divergent barriers and collectives, overruns."""
+    spec = InlineSpec(name="ub", inputs=("a",), outputs=("out",), stem="", body=body)
+    from mlxspec.kernels._launch import Launch
+
+    launch = Launch(grid=(64, 1, 1), threadgroup=(64, 1, 1), output_shapes=((64,),), output_dtypes=(mx.float32,))
+    with pytest.raises(EmulatorError, match=message):
+        Emulator("metal").run(spec, [mx.arange(64).astype(mx.float32)], launch)
