@@ -174,11 +174,12 @@ class BlockDrafter:
         with_markov = self.cfg.confidence_head_with_markov
         prev = mx.array([anchor])
         toks, zs, confs, qs = [], [], [], []
+        carry = None  # rnn heads: a fresh carry for every block
         for k in range(base.shape[0]):
-            state = mh.state(prev, h[k : k + 1])
-            z = base[k : k + 1] + mh.bias(state)
+            bias, carry = mh.step(prev, h[k : k + 1], carry)
+            z = base[k : k + 1] + bias
             if ch is not None:
-                confs.append(ch(h[k : k + 1], state if with_markov else None))
+                confs.append(ch(h[k : k + 1], mh.state(prev) if with_markov else None))
             if sp.greedy:
                 d = mx.argmax(z, axis=-1)
             else:

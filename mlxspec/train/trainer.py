@@ -166,8 +166,8 @@ def loss_fn(model: DFlashModel, frozen: dict, b: dict, tc: TrainConfig):
     valid = (label >= 0).astype(mx.float32)
     state = None
     if c.markov_rank:
-        state = model.markov_head.state(b["prev"], h)
-        logits = logits + model.markov_head.bias(state)
+        state = model.markov_head.state(b["prev"])
+        logits = logits + model.markov_head.block_bias(b["prev"], h)
     logits = logits.astype(mx.float32)
     lse = mx.logsumexp(logits, axis=-1)
     picked = mx.take_along_axis(logits, mx.maximum(label, 0)[..., None], axis=-1)[..., 0]
