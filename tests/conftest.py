@@ -31,3 +31,205 @@ def smollm2(smollm2_path):
     from mlxspec.loading.target import load_target
 
     return load_target(str(smollm2_path))
+
+
+# ----------------------------------------------------------------------------- tiny GGUF files
+#
+# Written with the `gguf` package (its GGUFWriter), as llama.cpp's converter would write them:
+# llama.cpp tensor names, Q/K rows permuted by convert_hf_to_gguf's `permute`. Types the
+# package's enum lacks (Q2_0 = 42, PQ2_0 = 142, or any unknown id) are written under a
+# placeholder type and the type id is patched in the tensor-info table afterwards.
+
+TINY = dict(hidden=256, ffn=256, heads=4, kv_heads=2, head_dim=64, layers=2, vocab=272)
+
+_HF_OF_GGUF = {  # llama.cpp name -> HF name (own table: independent of the loader's map)
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def hf_name(gguf_name: str) -> str:
+    base = gguf_name.rsplit(".", 1)[0]
+    if base == "token_embd":
+        return "model.embed_tokens.weight"
+    if base == "output_norm":
+        return "model.norm.weight"
+    _, i, part = base.split(".")
+    return f"model.layers.{i}.{_HF_OF_GGUF[part]}.weight"
+
+
+def llama_cpp_permute(w, n_head: int):
+    """convert_hf_to_gguf.py LlamaModel.permute: HF rotate-half rows -> ggml interleaved rows."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def tiny_tensors(seed: int = 0, layers: int | None = None) -> dict:
+    """gguf name -> float32 array in HF layout (Q/K not yet permuted)."""
+    import numpy as np
+
+    t = TINY
+    layers = t["layers"] if layers is None else layers
+    rng = np.random.default_rng(seed)
+    h, f, q_rows, kv_rows = t["hidden"], t["ffn"], t["heads"] * t["head_dim"], t["kv_heads"] * t["head_dim"]
+
+    def mat(r, c, s=0.08):
+        return (rng.standard_normal((r, c)) * s).astype(np.float32)
+
+    out = {"token_embd.weight": mat(t["vocab"], h, 0.5)}
+    for i in range(layers):
+        out.update({
+            f"blk.{i}.attn_norm.weight": (1 + 0.1 * rng.standard_normal(h)).astype(np.float32),
+            f"blk.{i}.attn_q.weight": mat(q_rows, h),
+            f"blk.{i}.attn_k.weight": mat(kv_rows, h),
+            f"blk.{i}.attn_v.weight": mat(kv_rows, h),
+            f"blk.{i}.attn_output.weight": mat(h, q_rows),
+            f"blk.{i}.ffn_norm.weight": (1 + 0.1 * rng.standard_normal(h)).astype(np.float32),
+            f"blk.{i}.ffn_gate.weight": mat(f, h),
+            f"blk.{i}.ffn_up.weight": mat(f, h),
+            f"blk.{i}.ffn_down.weight": mat(h, f),
+        })
+    out["output_norm.weight"] = (1 + 0.1 * rng.standard_normal(h)).astype(np.float32)
+    return out
+
+
+def add_tiny_tokenizer(w) -> None:
+    """A byte-level gpt2 vocabulary: 256 byte tokens, 'Ġt' + 'he' + 'Ġthe' merges, two control tokens."""
+    from mlxspec.loading.tokenizer import _BYTE_ENCODER
+
+    tokens = [_BYTE_ENCODER[b] for b in range(256)] + ["Ġt", "he", "Ġthe", "<|endoftext|>", "<|im_end|>"]
+    types = [1] * (len(tokens) - 2) + [3, 3]
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt-2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(["Ġ t", "h e", "Ġt he"])
+    w.add_bos_token_id(len(tokens) - 2)
+    w.add_eos_token_id(len(tokens) - 1)
+    w.add_add_bos_token(False)
+
+
+def encode_tensor(qtype: str, w, rng=None):
+    """float32 [rows, cols] -> (ggml type id, uint8 bytes [rows, row_bytes])."""
+    import gguf
+    import numpy as np
+
+    from mlxspec.loading import lowbit
+
+    ids = {"Q2_0": 42, "PQ2_0": 142}
+    if qtype == "F32":
+        return 0, np.ascontiguousarray(w, np.float32).view(np.uint8)
+    if qtype == "F16":
+        return 1, np.ascontiguousarray(w.astype(np.float16)).view(np.uint8)
+    if qtype in ("BF16", "Q8_0", "Q4_0", "Q4_1"):
+        qt = gguf.GGMLQuantizationType[qtype]
+        return int(qt), np.ascontiguousarray(gguf.quants.quantize(w, qt)).view(np.uint8).reshape(w.shape[0], -1)
+    if qtype in ("Q1_0", "Q2_0", "PQ2_0"):  # PrismML reference quantizers (codes 0..2 for 2-bit)
+        tid = 41 if qtype == "Q1_0" else ids[qtype]
+        return tid, lowbit.quantize(tid, w)
+    if qtype in ("Q2_0-all-codes", "PQ2_0-all-codes", "Q4_K", "Q6_K"):  # random blocks, fp16 d set
+        rng = rng or np.random.default_rng(1)
+        name = qtype.split("-")[0]
+        tid = ids.get(name) or int(gguf.GGMLQuantizationType[name])
+        qk, bb = {42: (64, 18), 142: (128, 34), 12: (256, 144), 14: (256, 210)}[tid]
+        rows, cols = w.shape
+        raw = rng.integers(0, 256, size=(rows, cols // qk, bb), dtype=np.uint8)
+        d = (rng.uniform(0.5, 1.5, size=(rows, cols // qk)) * 2**-8).astype(np.float16)[..., None].view(np.uint8)
+        if tid in (42, 142):
+            raw[..., 0:2] = d
+        elif tid == 12:  # Q4_K: d, dmin, scales[12], qs[128]
+            raw[..., 0:2] = d
+            raw[..., 2:4] = d
+        else:  # Q6_K: ql[128], qh[64], scales[16], d
+            raw[..., 208:210] = d
+        return tid, raw.reshape(rows, -1)
+    raise ValueError(qtype)
+
+
+def write_gguf(path, tensors: dict, arch: str = "llama", tokenizer: bool = True, types: dict | None = None,
+               default_type: str = "F32", layers: int | None = None, seed: int = 1) -> dict:
+    """Write `tensors` (gguf name -> float32, HF layout) as a llama.cpp-style GGUF.
+
+    2-D weights get `types.get(name, default_type)` (1-D norms stay F32); Q/K rows are
+    permuted as llama.cpp's converter does for llama. `types` values may also be an int
+    type id the gguf enum lacks (written as F32 bytes, id patched). Returns
+    {gguf name: (type id, raw bytes, shape)} as written."""
+    import gguf
+    import numpy as np
+
+    t = TINY
+    layers = t["layers"] if layers is None else layers
+    rng = np.random.default_rng(seed)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(layers)
+    w.add_context_length(512)
+    w.add_embedding_length(t["hidden"])
+    w.add_feed_forward_length(t["ffn"])
+    w.add_head_count(t["heads"])
+    w.add_head_count_kv(t["kv_heads"])
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_rope_freq_base(10000.0)
+    if tokenizer:
+        add_tiny_tokenizer(w)
+    written, patch = {}, {}
+    for name, a in tensors.items():
+        if arch == "llama" and ".attn_q." in name:
+            a = llama_cpp_permute(a, t["heads"])
+        elif arch == "llama" and ".attn_k." in name:
+            a = llama_cpp_permute(a, t["kv_heads"])
+        qtype = (types or {}).get(name, default_type if a.ndim == 2 else "F32")
+        if isinstance(qtype, int):  # an id gguf does not know: F32 bytes under a placeholder
+            tid, raw = qtype, np.ascontiguousarray(a, np.float32).view(np.uint8)
+        else:
+            tid, raw = encode_tensor(qtype, a, rng)
+        try:
+            placeholder = gguf.GGMLQuantizationType(tid)
+        except ValueError:
+            placeholder = gguf.GGMLQuantizationType.F32
+            patch[name] = (tid, a.ndim)
+        if tid in (0, 1):
+            w.add_tensor(name, raw.view(np.float32 if tid == 0 else np.float16).reshape(a.shape))
+        else:  # int8 view + raw_shape: the writer keeps the logical shape as given
+            w.add_tensor(name, raw.view(np.int8), raw_shape=a.shape, raw_dtype=placeholder)
+        written[name] = (tid, raw, a.shape)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    if patch:
+        _patch_type_ids(path, patch)
+    return written
+
+
+def _patch_type_ids(path, patch: dict) -> None:
+    """Overwrite the type id field of the named tensors in the tensor-info table.
+
+    patch: name -> (type id, number of dimensions)."""
+    import struct
+
+    data = bytearray(open(path, "rb").read())
+    for name, (tid, ndim) in patch.items():
+        key = struct.pack("<Q", len(name)) + name.encode()
+        pos = data.find(key)
+        assert pos > 0, name
+        pos += len(key)
+        assert struct.unpack_from("<I", data, pos)[0] == ndim, name
+        pos += 4 + 8 * ndim  # n_dims, dims
+        data[pos:pos + 4] = struct.pack("<I", tid)
+    open(path, "wb").write(bytes(data))
+
+
+def write_tiny_model(path, qtype: str = "F32", arch: str = "llama", tokenizer: bool = True,
+                     types: dict | None = None, seed: int = 0) -> tuple[dict, dict]:
+    """A 2-layer llama (hidden 256, 4 heads / 2 kv heads, vocab 272) -> (HF-layout tensors, written)."""
+    tensors = tiny_tensors(seed)
+    return tensors, write_gguf(path, tensors, arch, tokenizer, types, default_type=qtype)
+
+
+@pytest.fixture
+def tiny_gguf(tmp_path):
+    """Path of a tiny F32 llama GGUF with a byte-level tokenizer (fast to load)."""
+    p = tmp_path / "tiny.gguf"
+    write_tiny_model(p)
+    return p
