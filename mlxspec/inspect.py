@@ -313,8 +313,8 @@ def _drafter_view(path: str, lines: list[str], problems: list[str]) -> None:
     )
     lines.append(
         f"  markov head: {markov}; confidence head: {'yes' if cfg.confidence_head else 'no'}; "
-        f"log-SNR: {'yes' if cfg.log_snr else 'no'}; own embedding: {'yes' if cfg.has_embed else 'no (target’s)'}; "
-        f"own LM head: {'yes' if cfg.has_lm_head else 'no (target’s)'}"
+        f"log-SNR: {'yes' if cfg.log_snr else 'no'}; own embedding: {'yes' if cfg.has_embed else 'no (uses the target embedding)'}; "
+        f"own LM head: {'yes' if cfg.has_lm_head else 'no (uses the target LM head)'}"
     )
     for ln in log.getvalue().splitlines():
         if ln.strip():
