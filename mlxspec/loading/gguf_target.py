@@ -8,7 +8,12 @@ Tensor types:
 - F32 / F16 / BF16: loaded as they are.
 - Q4_0 / Q4_1 / Q8_0: kept quantized, repacked losslessly into MLX affine
   quantization (group 32; 4 or 8 bits), exactly what `mx.load` produces for them.
-- Q1_0 / Q2_0 / PQ2_0: repacked losslessly (bit-exact) into MLX affine bits 1/2.
+- Q1_0 / Q2_0 / PQ2_0 / PTQ1_0: repacked losslessly (bit-exact) into MLX affine bits 1/2
+  (`loading.lowbit.repack_mlx`; PTQ1_0's ternary goes to 2 bits, 2.25 instead of 1.75 bpw).
+  With a Metal or CUDA kernel backend the Linear layers of these types (all but `lm_head`)
+  instead keep the file's blocks as they are, as `models.lowbit_linear.NativeLowBitLinear`,
+  multiplied by the custom low-bit kernel (`native_lowbit_enabled`; off with
+  MLXSPEC_NATIVE_LOWBIT=0 or `load_gguf_target(..., native_lowbit=False)`).
 - K-quants and other types the `gguf` package can decode: dequantized to float16 with
   `gguf.quants.dequantize` (memory cost: 2 bytes per weight instead of ~0.5).
 - Anything else: an error naming each such tensor and its type.
@@ -16,6 +21,7 @@ Tensor types:
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -107,6 +113,7 @@ def _q8_0(raw, info):
 
 
 _AFFINE = {2: _q4_0, 3: _q4_1, 8: _q8_0}
+LOWBIT_TYPES = (41, 42, 142, 143)  # Q1_0, Q2_0, PQ2_0, PTQ1_0
 _PLAIN = {0: np.float32, 1: np.float16}
 
 
@@ -140,16 +147,15 @@ def convert_tensor(g: GGUFFile, info: TensorInfo) -> Converted:
     if len(info.shape) == 2 and t in _AFFINE:
         w, s, b, gs, bits = _AFFINE[t](raw, info)
         return Converted(wq=w, scales=s, biases=b, group_size=gs, bits=bits)
-    if len(info.shape) == 2 and t in (41, 42, 142):
+    if len(info.shape) == 2 and t in LOWBIT_TYPES:
         lb = _lowbit()
         w, s, b, gs, bits = lb.repack_mlx(t, raw, info.shape)
-        return Converted(wq=w, scales=s, biases=b, group_size=gs, bits=bits)
-    if t == 143:
+        note = "PTQ1_0 repacked losslessly into MLX 2-bit affine (2.25 bpw)" if t == 143 else ""
+        return Converted(wq=w, scales=s, biases=b, group_size=gs, bits=bits, note=note)
+    if t in LOWBIT_TYPES:
         lb = _lowbit()
-        return Converted(
-            array=lb.dequantize(t, raw, info.shape).astype(np.float16),
-            note="PTQ1_0 dequantized to float16 (ternary has no exact MLX affine form)",
-        )
+        return Converted(array=lb.dequantize(t, raw, info.shape).astype(np.float16),
+                         note=f"{info.type_name} (not 2-D) dequantized to float16")
     try:
         import gguf
 
@@ -225,8 +231,21 @@ def _unpermute(x: np.ndarray, n_head: int) -> np.ndarray:
     return x.reshape(n_head, rows // n_head // 2, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
 
 
-def load_gguf_weights(g: GGUFFile, cfg: dict) -> tuple[dict, dict, list[str]]:
-    """-> (weights name -> np array, quantization per module prefix, notes)."""
+def native_eligible(name: str, info: TensorInfo) -> bool:
+    """Whether a tensor may stay in native low-bit blocks: a 2-D Q1_0/Q2_0/PQ2_0/PTQ1_0
+    weight of a decoder layer's Linear. Not the embedding (looked up, not multiplied) and not
+    lm_head (callers read `lm_head.weight` as a dense or MLX-quantized matrix, e.g.
+    spec.drafters.target_head_rows), which keep the lossless repack."""
+    return (info.type_id in LOWBIT_TYPES and len(info.shape) == 2 and name.startswith("model.layers.")
+            and name.endswith(".weight"))
+
+
+def load_gguf_weights(g: GGUFFile, cfg: dict, native: bool = False) -> tuple[dict, dict, list[str]]:
+    """-> (weights name -> np array, quantization per module prefix, notes).
+
+    quantization: {"group_size", "bits"} for MLX affine layers; with `native`, {"native":
+    type id} for layers kept as raw GGUF blocks (`native_eligible`; weight uint8 [N, row
+    bytes], rows in the model's order)."""
     weights: dict[str, np.ndarray] = {}
     quant: dict[str, dict] = {}
     notes: list[str] = []
@@ -239,7 +258,11 @@ def load_gguf_weights(g: GGUFFile, cfg: dict) -> tuple[dict, dict, list[str]]:
             unknown_names.append(info.name)
             continue
         try:
-            c = convert_tensor(g, info)
+            if native and native_eligible(name, info):
+                raw = np.asarray(g.raw(info)).reshape(info.shape[0], -1)
+                c = Converted(array=raw, note="")
+            else:
+                c = convert_tensor(g, info)
         except _Unsupported:
             unsupported.append(info)
             continue
@@ -255,6 +278,8 @@ def load_gguf_weights(g: GGUFFile, cfg: dict) -> tuple[dict, dict, list[str]]:
             quant[prefix] = {"group_size": c.group_size, "bits": c.bits}
         else:
             weights[name] = fix(c.array)
+            if native and native_eligible(name, info):
+                quant[prefix] = {"native": info.type_id}
         if c.note and c.note not in notes:
             notes.append(c.note)
     if unsupported:
@@ -272,20 +297,74 @@ def load_gguf_weights(g: GGUFFile, cfg: dict) -> tuple[dict, dict, list[str]]:
     return weights, quant, notes
 
 
-def load_gguf_target(path: str):
-    """-> (mlx-lm model, config dict, GGUFFile, notes)."""
+NATIVE_ENV = "MLXSPEC_NATIVE_LOWBIT"
+
+
+def _kernel_backend() -> str:
+    from .. import kernels
+
+    return kernels.backend()
+
+
+def native_lowbit_enabled(override: bool | None = None) -> bool:
+    """Keep Q1_0/Q2_0/PQ2_0/PTQ1_0 Linear weights as native GGUF blocks run by the custom
+    kernel? `override` True/False decides; None: yes when the kernel backend is "metal" or
+    "cuda", unless MLXSPEC_NATIVE_LOWBIT=0. Elsewhere the kernel would only be its MLX
+    reference (a repack per call), so the load-time repack is used instead."""
+    if override is not None:
+        return bool(override)
+    if os.environ.get(NATIVE_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return _kernel_backend() in ("metal", "cuda")
+
+
+def _replace_module(model, path: str, new) -> None:
+    *parents, last = path.split(".")
+    obj = model
+    for p in parents:
+        obj = obj[int(p)] if isinstance(obj, list) else getattr(obj, p)
+    if isinstance(obj, list):
+        obj[int(last)] = new
+    else:
+        setattr(obj, last, new)
+
+
+def _module_at(model, path: str):
+    obj = model
+    for p in path.split("."):
+        obj = obj[int(p)] if isinstance(obj, list) else getattr(obj, p)
+    return obj
+
+
+def load_gguf_target(path: str, native_lowbit: bool | None = None):
+    """-> (mlx-lm model, config dict, GGUFFile, notes).
+
+    native_lowbit: see `native_lowbit_enabled` (None = automatic)."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_lm.utils import _get_classes
 
+    from ..models.lowbit_linear import NativeLowBitLinear
+
     g = read_gguf(path)
     cfg = gguf_config(g)
-    weights, quant, notes = load_gguf_weights(g, cfg)
+    native = native_lowbit_enabled(native_lowbit)
+    weights, quant, notes = load_gguf_weights(g, cfg, native=native)
     model_class, args_class = _get_classes(cfg)
     model = model_class(args_class.from_dict(cfg))
-    if quant:
+    natives = {p: q["native"] for p, q in quant.items() if "native" in q}
+    affine = {p: q for p, q in quant.items() if "native" not in q}
+    for prefix, tid in natives.items():
+        lin = _module_at(model, prefix)
+        if not isinstance(lin, nn.Linear):
+            raise MlxspecError(f"{path}: {prefix} is a {type(lin).__name__}, not a Linear; cannot keep it native")
+        n, k = lin.weight.shape
+        _replace_module(model, prefix, NativeLowBitLinear(k, n, tid, bias="bias" in lin))
+    if natives:
+        notes.append(f"{len(natives)} low-bit Linear layers kept as native GGUF blocks (custom kernel)")
+    if affine:
         def pred(p, m):
-            return quant.get(p, False) if hasattr(m, "to_quantized") else False
+            return affine.get(p, False) if hasattr(m, "to_quantized") else False
 
         nn.quantize(model, class_predicate=pred)
     want = dict(nn.utils.tree_flatten(model.parameters()))

@@ -128,9 +128,19 @@ def dequantize_model(model: nn.Module, dtype=mx.float32) -> nn.Module:
     matmul goes through BLAS (OpenBLAS when preloaded), so a 16-row verify costs
     ~2x a 1-row decode dense, but ~14x quantized. On Metal / CUDA keep the weights
     quantized: there the quantized kernels are the fast path.
+
+    Also densifies `NativeLowBitLinear` layers (raw GGUF low-bit blocks) exactly, with
+    `loading.lowbit.dequantize`.
     """
+    from .lowbit_linear import NativeLowBitLinear
 
     def dense(m):
+        if isinstance(m, NativeLowBitLinear):
+            lin = nn.Linear(m.input_dims, m.output_dims, bias="bias" in m)
+            lin.weight = m.dense(dtype)
+            if "bias" in m:
+                lin.bias = m.bias.astype(dtype)
+            return lin
         w = mx.dequantize(m.weight, m.scales, m.biases, m.group_size, m.bits).astype(dtype)
         if isinstance(m, nn.QuantizedEmbedding):
             e = nn.Embedding(*w.shape)
@@ -146,7 +156,7 @@ def dequantize_model(model: nn.Module, dtype=mx.float32) -> nn.Module:
         for key, child in mod.children().items():
             items = child if isinstance(child, list) else [child]
             for i, c in enumerate(items):
-                if isinstance(c, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+                if isinstance(c, (nn.QuantizedLinear, nn.QuantizedEmbedding, NativeLowBitLinear)):
                     if isinstance(child, list):
                         child[i] = dense(c)
                     else:

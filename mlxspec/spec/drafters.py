@@ -20,6 +20,7 @@ from typing import Protocol
 import mlx.core as mx
 import numpy as np
 
+from .. import kernels
 from ..models.dflash import DFlashModel, DraftOutput
 from ..models.target import Target, cache_length, trim_cache
 from .verify import SamplingParams, probs_from_logits, sample_token
@@ -170,8 +171,32 @@ class BlockDrafter:
 
     def _markov_chain(self, anchor, h, base, mh, ch, sp, rng):
         """DSpark: z_k = base_k + W2 . W1[x_{k-1}], x_{-1} = anchor; left to right, each
-        step conditioned on the token actually drawn."""
+        step conditioned on the token actually drawn.
+
+        With a Metal / CUDA kernel backend, a vanilla head drafts the whole block in one
+        `kernels.markov_chain` call when it applies: no reduced draft vocabulary (W1 is
+        indexed by target ids, the kernel indexes it by the drawn column), a rank that is a
+        multiple of 32, and greedy or plain-temperature sampling (the kernel samples
+        softmax(z / T) by Gumbel-max with a key drawn from `rng`; no top-k / top-p). The
+        confidences, z and (sampling) the q rows are then computed afterwards in one batched
+        pass from the known tokens. Otherwise (reference backend, gated / rnn heads) the
+        per-position loop below runs."""
         with_markov = self.cfg.confidence_head_with_markov
+        plain = sp.greedy or ((not sp.top_k or sp.top_k >= base.shape[-1]) and sp.top_p >= 1.0)
+        if (mh.kind == "vanilla" and self.d2t is None and mh.rank % 32 == 0 and plain
+                and kernels.backend() in ("metal", "cuda")):
+            key = None if sp.greedy else int(rng.integers(0, 1 << 62))
+            temp = 0.0 if sp.greedy else float(sp.temperature)
+            tok_arr, _ = kernels.markov_chain(base, mh.markov_w1.weight, mh.markov_w2.weight, int(anchor),
+                                              temp, key)
+            prevs = mx.concatenate([mx.array([anchor], dtype=mx.int32), tok_arr[:-1].astype(mx.int32)])
+            e = mh.state(prevs)  # [n, r] float32: W1 rows of the conditioning tokens
+            z_all = base + mh.bias(e)  # [n, V]; lazy unless sampling needs it
+            conf = None if ch is None else ch(h, e if with_markov else None)
+            q = None if sp.greedy else probs_from_logits(z_all, sp)
+            mx.eval(tok_arr, *[a for a in (conf, q) if a is not None])
+            probs = None if q is None else self._scatter(q)
+            return DraftOutput(tok_arr.tolist(), probs, None if conf is None else conf.tolist(), z_all)
         prev = mx.array([anchor])
         toks, zs, confs, qs = [], [], [], []
         carry = None  # rnn heads: a fresh carry for every block
