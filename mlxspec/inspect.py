@@ -29,7 +29,7 @@ import numpy as np
 from .errors import MlxspecError
 
 _AFFINE_KEPT = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
-_LOWBIT_REPACK = {"Q1_0": (1, 128), "Q2_0": (2, 64), "PQ2_0": (2, 128)}
+_LOWBIT_REPACK = {"Q1_0": (1, 128), "Q2_0": (2, 64), "PQ2_0": (2, 128), "PTQ1_0": (2, 128)}
 _PLAIN = ("F32", "F16", "BF16")
 _BIG_META = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
 
@@ -47,6 +47,8 @@ def inspect_path(path: str | os.PathLike) -> str:
 # ----------------------------------------------------------------------------- helpers
 
 def _mb(n: float) -> str:
+    if n < 2**20:
+        return f"{n / 2**10:,.1f} KiB"
     return f"{n / 2**20:,.1f} MiB"
 
 
@@ -157,6 +159,14 @@ def _dequantizable(type_id: int) -> bool:
         return False
 
 
+def _lowbit_repacked() -> set[str]:
+    """Names of the low-bit types the loader repacks into MLX affine (it decides, not this module)."""
+    from .loading import gguf_target
+    from .loading.gguf_file import type_name
+
+    return {type_name(t) for t in getattr(gguf_target, "LOWBIT_TYPES", (41, 42, 142))}
+
+
 def _plan(info) -> tuple[str, int | None, str | None]:
     """(what the loader does with this tensor, bytes it takes after loading or None, problem or None)."""
     from .loading.gguf_file import GGML_TYPES
@@ -170,12 +180,12 @@ def _plan(info) -> tuple[str, int | None, str | None]:
     if two_d and name in _AFFINE_KEPT:
         bits = _AFFINE_KEPT[name]
         return f"kept quantized: MLX affine {bits}-bit, group 32 (lossless)", n_el * bits // 8 + n_el // 32 * 4, None
-    if two_d and name in _LOWBIT_REPACK:
+    if two_d and name in _lowbit_repacked():
         bits, group = _LOWBIT_REPACK[name]
         return (f"repacked bit-exact: MLX affine {bits}-bit, group {group}", n_el * bits // 8 + n_el // group * 4,
                 None)
-    if name == "PTQ1_0":
-        return "dequantized to float16 (ternary has no exact MLX affine form)", n_el * 2, None
+    if name in _LOWBIT_REPACK:
+        return "dequantized to float16", n_el * 2, None
     if _dequantizable(info.type_id):
         return f"dequantized to float16 with the gguf package", n_el * 2, None
     return "unsupported", None, f"{info.name} has tensor type {name}, which mlxspec cannot load"
