@@ -140,9 +140,12 @@ class BlockDrafter:
         return self.model.hidden(emb, pos, self.ctx_kv)[0]  # [n_rows, H]
 
     def base_logits(self, anchor: int, n: int) -> tuple[mx.array, mx.array]:
-        """Hidden states and logits (draft vocab, before any Markov correction) of the n
-        predicting rows, read by the file's layout."""
-        h = self.block_hidden(anchor, n + self.first_row)[self.first_row :]
+        """Hidden states and logits (draft vocab, before any Markov correction) of the first
+        n predicting rows, read by the file's layout.
+
+        The whole block is always run and the rows past n dropped: block rows attend to
+        each other (no mask), so a shorter block would change every row's prediction."""
+        h = self.block_hidden(anchor, self.block_size)[self.first_row : self.first_row + n]
         return h, h @ self.head.T
 
     def to_target(self, draft_ids: mx.array) -> mx.array:
@@ -166,7 +169,8 @@ class BlockDrafter:
             q_d = probs_from_logits(base, sp)
             toks = [int(x) for x in _sample_rows(np.asarray(q_d), rng)]
             tgt = self.to_target(mx.array(toks)).tolist()
-            return DraftOutput(tgt, self._scatter(q_d), None, base)
+            conf = None if ch is None else ch(h).tolist()  # p_min / scheduler apply when sampling too
+            return DraftOutput(tgt, self._scatter(q_d), conf, base)
         return self._markov_chain(anchor, h, base, mh, ch, sp, rng)
 
     def _markov_chain(self, anchor, h, base, mh, ch, sp, rng):
