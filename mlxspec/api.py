@@ -192,7 +192,7 @@ def stream_generate(
     detok = tokenizer.detokenizer() if callable(getattr(tokenizer, "detokenizer", None)) else tokenizer.detokenizer
     detok.reset()
     eos = _eos_ids(tokenizer)
-    text_so_far, emitted = "", 0
+    text_so_far, sent, emitted = "", 0, 0  # with stop strings: text seen / already yielded
     stop = [s for s in (stop or []) if s]
     mx.reset_peak_memory()
     steps = generate_steps(target, ids, drafter, max_tokens, sp, seed, eos, spec.p_min, sched, spec.num_draft_tokens, stats)
@@ -214,9 +214,14 @@ def stream_generate(
                 text_so_far += seg
                 hit = min((text_so_far.find(s) for s in stop if s in text_so_far), default=-1)
                 if hit >= 0:
-                    cut = len(text_so_far) - len(seg)
-                    seg = text_so_far[cut:hit] if hit > cut else ""
-                    finish = "stop"
+                    finish, end = "stop", hit
+                elif finish:
+                    end = len(text_so_far)
+                else:  # hold back a tail that may be the start of a stop string
+                    end = len(text_so_far) - max(
+                        (k for s in stop for k in range(1, len(s)) if text_so_far.endswith(s[:k])), default=0)
+                seg = text_so_far[sent:end]
+                sent += len(seg)
             yield GenerationResponse(
                 text=seg, token=tok, logprobs=None, from_draft=j < len(committed) - 1,
                 prompt_tokens=stats.prompt_tokens, prompt_tps=stats.prompt_tps,
