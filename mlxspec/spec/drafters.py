@@ -72,7 +72,11 @@ class BlockDrafter:
     position ctx_len (checked in `draft`).
     """
 
-    def __init__(self, model: DFlashModel, target: Target, block_size: int | None = None, dtype=None):
+    def __init__(self, model: DFlashModel, target: Target, block_size: int | None = None, dtype=None,
+                 force_sample_from_anchor: bool | None = None):
+        """force_sample_from_anchor: read the block with this layout instead of the file's.
+        Only for demonstrating PR #122's failure (tests, experiments): on an anchor-first
+        drafter, False drafts every token one row late and acceptance collapses."""
         c = model.config
         from ..loading.target import default_dense
 
@@ -85,8 +89,9 @@ class BlockDrafter:
         self.name = c.lineage
         self.taps = tuple(c.target_layer_ids)
         self.block_size = block_size or c.block_size
-        self.max_drafts = self.block_size if c.sample_from_anchor else self.block_size - 1
-        self.first_row = 0 if c.sample_from_anchor else 1
+        layout = c.sample_from_anchor if force_sample_from_anchor is None else force_sample_from_anchor
+        self.max_drafts = self.block_size if layout else self.block_size - 1
+        self.first_row = 0 if layout else 1
         # Draft vocabulary -> target ids (EAGLE-3 offsets), and the head over it.
         if c.draft_vocab_size:
             self.d2t = mx.arange(c.draft_vocab_size, dtype=mx.int32) + model.d2t.astype(mx.int32)
