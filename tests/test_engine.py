@@ -482,7 +482,7 @@ def tv_bound(p: np.ndarray, n: int, delta: float = 1e-4) -> float:
 
 def distribution_check(samples: np.ndarray, exact: np.ndarray) -> dict:
     """Per-position marginals of t_1..t_4 and the joint of (t_2, t_3) (the first speculative
-    step): name -> (TV, bound). 7 checks at delta = 1e-4 each: false alarm <= 7e-4."""
+    step): name -> (TV, bound). 5 checks at delta = 1e-4 each: false alarm <= 5e-4."""
     n = len(samples)
     out = {}
     for i in range(N_TOKENS):
