@@ -1,11 +1,508 @@
-"""`mlxspec bench` (filled in by the benchmark work; see scripts/bench.py)."""
+"""`mlxspec bench`: mlx_lm vs mlxspec autoregressive vs mlxspec speculative, in ONE process.
+
+Configurations, each run on the same prompts at each temperature:
+- `mlx_lm AR`: mlx_lm's own `stream_generate` on the same weights, written once as an MLX
+  directory (`convert_to_mlx`; dense float32 on the CPU, where mlxspec computes dense
+  float32; the quantized repack on Metal/CUDA) and cached under the mlxspec cache dir;
+- `mlxspec AR`: `generate_steps` without a drafter;
+- one row per drafter (`--draft`, default: the shipped DSpark and DFlash drafters) and for
+  `--draft-simple`: `generate_steps` with that drafter.
+
+Numbers (all measured in the run):
+- tokens/s: per prompt, (generated tokens - 1) / time from the first token (the prefill's)
+  to the last, i.e. prefill excluded; median over `--repeats`; then the mean over the
+  prompts of the category ("all": over every prompt). Generation stops at EOS (both
+  engines; `--ignore-eos` always generates `--max-tokens`);
+- x AR: tokens/s over mlxspec AR's (same temperature, same category);
+- tau (tokens per target forward, bonus included), acceptance, per-position acceptance,
+  mean verify length, draft / verify share of the step time: merged over prompts and repeats;
+- ideal speedup = tau * t(1) / t(mean verify length), t(L) the time of one target forward
+  over L tokens, measured here (`measure_verify_sps`) at the mean context of the run
+  (mean prompt length + max_tokens / 2); efficiency = measured speedup / ideal;
+- peak memory: `mx.get_peak_memory()`, reset per (configuration, temperature); resident
+  weights included (each configuration holds only its own models).
+"""
+
+from __future__ import annotations
+
+import gc
+import io
+import json
+import math
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from .errors import MlxspecError
+
+FULL = dict(prompts_per_category=4, max_tokens=96, repeats=2, temps="0,1")
+QUICK = dict(prompts_per_category=1, max_tokens=32, repeats=1, temps="0")
+AR = "mlxspec AR"
+MLX_LM = "mlx_lm AR"
 
 
 def add_bench_args(p):
-    p.add_argument("--quick", action="store_true")
+    p.add_argument("--model", "-m", default=None, metavar="PATH", help="target: .gguf file or MLX/HF directory (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--draft", action="append", default=None, metavar="PATH",
+                   help="DFlash/DSpark drafter (directory or .gguf); repeatable. Default: the shipped "
+                        "smollm2-135m-dspark and -dflash drafters; 'none' = no drafter")
+    p.add_argument("--draft-simple", default=None, metavar="PATH",
+                   help="also run draft-simple with this draft model (MLX/HF directory or .gguf, same tokenizer)")
+    p.add_argument("--num-draft-tokens", type=int, default=4, metavar="N", help="draft-simple: tokens per draft (default 4)")
+    p.add_argument("--categories", default="code,prose,chat", metavar="LIST", help="prompt categories (default code,prose,chat)")
+    p.add_argument("--prompts-per-category", type=int, default=None, metavar="N",
+                   help=f"prompts per category (default {FULL['prompts_per_category']}; --quick {QUICK['prompts_per_category']})")
+    p.add_argument("--max-tokens", "-n", type=int, default=None, metavar="N",
+                   help=f"tokens to generate per prompt (default {FULL['max_tokens']}; --quick {QUICK['max_tokens']})")
+    p.add_argument("--repeats", type=int, default=None, metavar="N",
+                   help=f"timed repeats of each prompt (default {FULL['repeats']}; --quick {QUICK['repeats']})")
+    p.add_argument("--temps", default=None, metavar="LIST", help=f"temperatures, comma-separated (default {FULL['temps']}; --quick {QUICK['temps']})")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="sampling seed (prompt k uses seed + k)")
+    p.add_argument("--ignore-eos", action="store_true", help="do not stop at end-of-generation tokens")
+    p.add_argument("--mlx-dir", default=None, metavar="DIR",
+                   help="where the MLX copy of the target for mlx_lm goes (default: the mlxspec cache)")
+    p.add_argument("--out", "-o", default=None, metavar="DIR", help="write bench.json (and PNG plots) here")
+    p.add_argument("--quick", action="store_true",
+                   help="about a minute: 1 prompt per category, 32 tokens, 1 repeat, temperature 0")
 
+
+# ----------------------------------------------------------------------------- settings
+
+def settings(a) -> dict:
+    """The run's settings from the parsed flags; MlxspecError for bad values."""
+    from .api import shipped_drafter
+    from .prompts import load_prompts
+
+    base = QUICK if a.quick else FULL
+    s = {k: (getattr(a, k) if getattr(a, k) is not None else v) for k, v in base.items()}
+    try:
+        s["temps"] = [float(t) for t in str(s["temps"]).split(",") if t.strip()]
+    except ValueError:
+        raise MlxspecError(f"--temps {s['temps']!r}: expected comma-separated numbers, e.g. 0,1") from None
+    if not s["temps"] or min(s["temps"]) < 0:
+        raise MlxspecError(f"--temps {a.temps!r}: give one or more temperatures >= 0, e.g. 0,1")
+    if s["max_tokens"] < 2:
+        raise MlxspecError(f"--max-tokens {s['max_tokens']}: tokens/s needs at least 2 tokens")
+    if s["repeats"] < 1:
+        raise MlxspecError(f"--repeats {s['repeats']}: use 1 or more")
+    if a.num_draft_tokens < 1:
+        raise MlxspecError(f"--num-draft-tokens {a.num_draft_tokens}: use 1 or more")
+    sets = load_prompts()
+    cats = [c.strip() for c in a.categories.split(",") if c.strip()]
+    for c in cats:
+        if c not in sets:
+            raise MlxspecError(f"--categories: unknown category {c!r}; use some of {', '.join(sets)}")
+    if not cats:
+        raise MlxspecError("--categories is empty; use some of " + ", ".join(sets))
+    n = s["prompts_per_category"]
+    if n < 1:
+        raise MlxspecError(f"--prompts-per-category {n}: use 1 or more")
+    for c in cats:
+        if len(sets[c]) < n:
+            raise MlxspecError(f"--prompts-per-category {n}: the {c} set has only {len(sets[c])} prompts")
+    s["categories"] = cats
+    s["seed"] = a.seed
+    s["texts"] = {c: sets[c][:n] for c in cats}
+    if a.draft is None:
+        drafts = [str(p) for p in (shipped_drafter("dspark"), shipped_drafter("dflash")) if p]
+    else:
+        drafts = [d for d in a.draft if d.lower() != "none"]
+    for d in drafts + ([a.draft_simple] if a.draft_simple else []):
+        if not Path(d).exists():
+            flag = "--draft-simple" if d == a.draft_simple else "--draft"
+            raise MlxspecError(f"{flag} {d}: no such file or directory; pass a drafter directory or .gguf file")
+    s["drafts"] = drafts
+    if a.out and Path(a.out).exists() and not Path(a.out).is_dir():
+        raise MlxspecError(f"--out {a.out}: exists and is not a directory; pass a directory")
+    return s
+
+
+def command_line(a) -> str:
+    if getattr(a, "command", None):
+        return a.command
+    if Path(sys.argv[0]).name in ("mlxspec", "cli.py") and sys.argv[1:2] == ["bench"]:
+        return shlex.join(["mlxspec", *sys.argv[1:]])
+    return shlex.join(["python", *sys.argv])
+
+
+def mlx_lm_dir(model: str | None, root: str | None) -> Path:
+    """The target as an MLX directory mlx_lm loads: converted once, reused while the source
+    file is unchanged (same layout as scripts/bench_ar.py)."""
+    from .cache import cache_dir
+    from .loading.convert import convert_to_mlx
+    from .loading.target import default_dense, resolve_model_path
+
+    src = Path(resolve_model_path(model))
+    if src.is_dir():
+        return src
+    dtype = "float32" if default_dense() else "keep"
+    out = (Path(root) if root else cache_dir() / "bench") / f"{src.stem}-{dtype}"
+    stamp = out / ".source"
+    sig = f"{src.resolve()} {src.stat().st_size} {src.stat().st_mtime_ns}"
+    if not (out / "config.json").exists() or not stamp.exists() or stamp.read_text() != sig:
+        print(f"bench: writing {src.name} as an MLX directory for mlx_lm: {out} (--dtype {dtype})", file=sys.stderr)
+        convert_to_mlx(str(src), str(out), dtype=dtype)
+        stamp.write_text(sig)
+    return out
+
+
+# ----------------------------------------------------------------------------- runners
+# A runner: run(ids, temp, seed, max_tokens) -> (tokens, seconds from first to last token, SpecStats | None)
+
+def mlxspec_runner(target, eos, speculator=None):
+    from .spec.engine import SpecStats, generate_steps
+    from .spec.verify import SamplingParams
+
+    def run(ids, temp, seed, max_tokens):
+        st = SpecStats()
+        drafter = speculator.make_drafter(target) if speculator else None
+        out, t_first = [], None
+        for step in generate_steps(target, ids, drafter, max_tokens, SamplingParams(temp), seed, eos, stats=st):
+            if t_first is None:
+                t_first = time.perf_counter()
+            out += step
+        return out, time.perf_counter() - t_first, st
+
+    return run
+
+
+def mlx_lm_runner(model, tokenizer):
+    import mlx.core as mx
+    from mlx_lm.generate import stream_generate
+    from mlx_lm.sample_utils import make_sampler
+
+    def run(ids, temp, seed, max_tokens):
+        mx.random.seed(seed)
+        out, t_first = [], None
+        for r in stream_generate(model, tokenizer, ids, max_tokens=max_tokens, sampler=make_sampler(temp=temp)):
+            if t_first is None:
+                t_first = time.perf_counter()
+            out.append(int(r.token))
+        return out, time.perf_counter() - t_first, None
+
+    return run
+
+
+def time_config(label, run, s, prompts, bar) -> dict:
+    """Warm up, then every (temp, repeat, prompt) of one configuration.
+    -> {temp: {"tps": {cat: [[per repeat] per prompt]}, "stats": {cat: [SpecStats]}, "tokens": {cat: [...]}, "peak": bytes}}"""
+    import mlx.core as mx
+
+    res = {}
+    first = prompts[s["categories"][0]][0]
+    for temp in s["temps"]:
+        bar.set_postfix_str(f"{label} T={temp:g}")
+        gc.collect()
+        mx.reset_peak_memory()
+        run(first, temp, s["seed"], 8)  # warm-up: kernels, allocator
+        r = {"tps": {}, "stats": {}, "tokens": {}}
+        for c in s["categories"]:
+            r["tps"][c] = [[] for _ in prompts[c]]
+            r["stats"][c] = []  # one SpecStats per generation
+            r["tokens"][c] = [None] * len(prompts[c])
+        for rep in range(s["repeats"]):
+            k = 0  # prompt index over all categories: its seed
+            for c in s["categories"]:
+                for i, ids in enumerate(prompts[c]):
+                    out, dt, st = run(ids, temp, s["seed"] + k, s["max_tokens"])
+                    r["tps"][c][i].append((len(out) - 1) / dt if len(out) > 1 and dt > 0 else None)
+                    if st is not None:
+                        r["stats"][c].append(st)
+                    if rep == 0:
+                        r["tokens"][c][i] = out
+                    k += 1
+                    bar.update(1)
+        r["peak"] = mx.get_peak_memory()
+        res[temp] = r
+    return res
+
+
+# ----------------------------------------------------------------------------- summary
+
+def forward_ms(ms: dict, L: float) -> float:
+    """Time of a target forward over L tokens, linear between measured integer lengths."""
+    lo = min(max(1, math.floor(L)), max(ms))
+    hi = min(lo + 1, max(ms))
+    f = min(max(L - lo, 0.0), 1.0)
+    return ms[lo] * (1 - f) + ms[hi] * f
+
+
+def summarize(configs, timings, s, ms) -> list[dict]:
+    """One row per (temp, configuration, category + 'all')."""
+    from .evaluate import _merge, merged_tau
+    from .spec.engine import SpecStats
+
+    rows = []
+    for temp in s["temps"]:
+        for cfg in configs:
+            r = timings[cfg["label"]][temp]
+            for cat in s["categories"] + ["all"]:
+                cats = s["categories"] if cat == "all" else [cat]
+                per_prompt = [p for c in cats for p in r["tps"][c]]
+                medians = [statistics.median([x for x in p if x is not None]) for p in per_prompt
+                           if any(x is not None for x in p)]
+                st = SpecStats()
+                for one in (x for c in cats for x in r["stats"][c]):
+                    _merge(st, one)
+                row = {
+                    "configuration": cfg["label"], "engine": cfg["engine"], "temp": temp, "category": cat,
+                    "tokens_per_s": statistics.mean(medians) if medians else None,
+                    "tokens_per_s_per_prompt": per_prompt,
+                    "generated_tokens": [len(t) for c in cats for t in r["tokens"][c]],
+                    "peak_memory_mb": r["peak"] / 2**20,
+                }
+                if cfg["engine"] == "mlxspec":
+                    spent = st.draft_time + st.verify_time
+                    row.update({
+                        "tau": merged_tau(st), "target_forwards": st.target_forwards,
+                        "acceptance_rate": st.acceptance_rate if st.drafted else None,
+                        "per_position_acceptance": st.per_position_acceptance,
+                        "mean_verify_length": statistics.mean(st.verify_lengths) if st.verify_lengths else None,
+                        "draft_share": st.draft_time / spent if spent else None,
+                        "verify_share": st.verify_time / spent if spent else None,
+                    })
+                if temp == 0 and cfg["label"] != AR:  # greedy: the same tokens as mlxspec AR?
+                    ref = timings[AR][temp]["tokens"]
+                    same = [t == u for c in cats for t, u in zip(r["tokens"][c], ref[c])]
+                    row["same_tokens_as_ar"] = [sum(same), len(same)]
+                rows.append(row)
+    for row in rows:
+        ar = next(x for x in rows if x["configuration"] == AR and x["temp"] == row["temp"]
+                  and x["category"] == row["category"])
+        ok = row["tokens_per_s"] and ar["tokens_per_s"]
+        row["ratio_vs_mlxspec_ar"] = row["tokens_per_s"] / ar["tokens_per_s"] if ok else None
+        if row["engine"] == "mlxspec" and row.get("acceptance_rate") is not None and row["mean_verify_length"]:
+            row["ideal_speedup"] = row["tau"] * ms[1] / forward_ms(ms, row["mean_verify_length"])
+            row["efficiency"] = row["ratio_vs_mlxspec_ar"] / row["ideal_speedup"] if ok else None
+    return rows
+
+
+def _f(x, fmt="{:.2f}", none="–"):
+    return none if x is None else fmt.format(x)
+
+
+def markdown(rows, meta, s, ms, context) -> str:
+    temps = s["temps"]
+    L_max = max(ms)
+    out = [
+        "## mlxspec bench",
+        "",
+        f"Command: `{meta['command']}`",
+        "",
+        f"Target `{Path(meta['model']).name}` (mlxspec: {meta['target_compute']}; mlx_lm: `{meta['mlx_lm_dir']}`). "
+        f"Prompts: {', '.join(f'{c} {len(v)}' for c, v in meta['prompt_tokens'].items())}; "
+        f"max {s['max_tokens']} tokens{' (EOS ignored)' if meta['ignore_eos'] else ', stop at EOS'}; "
+        f"{s['repeats']} repeat(s); temps {', '.join(f'{t:g}' for t in temps)}; seed {s['seed']}.",
+        f"Machine: {meta['platform']}, {meta['cpus']} CPUs, device {meta['device']}, {meta['blas'] or 'BLAS: default'}; "
+        f"mlx {meta['mlx']}, mlx_lm {meta['mlx_lm']}; {meta['date']}.",
+        f"Target forward at context {context}: 1 token {ms[1]:.2f} ms"
+        + (f", {L_max} tokens {ms[L_max]:.2f} ms ({ms[L_max] / ms[1]:.2f}x)." if L_max > 1 else "."),
+        "",
+        "tok/s: generation only (prefill excluded), median over repeats, mean over prompts. "
+        "x AR: over mlxspec AR. ideal = tau * t(1) / t(mean verify length); eff = x AR / ideal.",
+        "",
+        "| T | configuration | tok/s | x AR | tau | accept | verify len | ideal | eff | draft / verify | peak MiB | greedy = AR |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|",
+    ]
+    for r in (r for r in rows if r["category"] == "all"):
+        share = (f"{100 * r['draft_share']:.0f}% / {100 * r['verify_share']:.0f}%"
+                 if r.get("draft_share") is not None and r.get("acceptance_rate") is not None else "–")
+        same = f"{r['same_tokens_as_ar'][0]}/{r['same_tokens_as_ar'][1]}" if "same_tokens_as_ar" in r else "–"
+        out.append(
+            f"| {r['temp']:g} | {r['configuration']} | {_f(r['tokens_per_s'], '{:.1f}')} | "
+            f"{_f(r['ratio_vs_mlxspec_ar'])} | {_f(r.get('tau'))} | {_f(r.get('acceptance_rate'), '{:.1%}')} | "
+            f"{_f(r.get('mean_verify_length'))} | {_f(r.get('ideal_speedup'))} | {_f(r.get('efficiency'), '{:.0%}')} | "
+            f"{share} | {r['peak_memory_mb']:.0f} | {same} |")
+    out += ["", "By category:", "",
+            "| T | configuration | category | tok/s | x AR | tau | accept | eff |", "|---|---|---|---:|---:|---:|---:|---:|"]
+    for r in (r for r in rows if r["category"] != "all"):
+        out.append(f"| {r['temp']:g} | {r['configuration']} | {r['category']} | {_f(r['tokens_per_s'], '{:.1f}')} | "
+                   f"{_f(r['ratio_vs_mlxspec_ar'])} | {_f(r.get('tau'))} | {_f(r.get('acceptance_rate'), '{:.1%}')} | "
+                   f"{_f(r.get('efficiency'), '{:.0%}')} |")
+    spec_rows = [r for r in rows if r["category"] == "all" and r.get("acceptance_rate") is not None]
+    if spec_rows:
+        n = max(len(r["per_position_acceptance"]) for r in spec_rows)
+        out += ["", "Per-position acceptance (all categories): at position k, the share of the steps that drafted "
+                    "k or more tokens whose first k drafts were all accepted.", "",
+                "| T | configuration | " + " | ".join(str(i + 1) for i in range(n)) + " |",
+                "|---|---|" + "---:|" * n]
+        for r in spec_rows:
+            ppa = r["per_position_acceptance"] + [None] * (n - len(r["per_position_acceptance"]))
+            out.append(f"| {r['temp']:g} | {r['configuration']} | " + " | ".join(_f(x) for x in ppa) + " |")
+    return "\n".join(out)
+
+
+def write_plots(rows, out: Path) -> list[str]:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench: matplotlib is not installed; plots skipped (pip install 'mlxspec[plot]')", file=sys.stderr)
+        return []
+    written = []
+    allr = [r for r in rows if r["category"] == "all"]
+    temps = sorted({r["temp"] for r in rows})
+    labels = list(dict.fromkeys(r["configuration"] for r in rows))
+    width = 0.8 / len(temps)
+
+    fig, ax = plt.subplots(figsize=(max(8, 1.6 * len(labels) + 3), 4.5))
+    for j, t in enumerate(temps):
+        xs = [i + (j - (len(temps) - 1) / 2) * width for i in range(len(labels))]
+        rs = [next(r for r in allr if r["configuration"] == lab and r["temp"] == t) for lab in labels]
+        ax.bar(xs, [r["ratio_vs_mlxspec_ar"] or 0 for r in rs], width, label=f"T={t:g} measured")
+        ideal = [(x, r["ideal_speedup"]) for x, r in zip(xs, rs) if r.get("ideal_speedup")]
+        if ideal:
+            ax.scatter(*zip(*ideal), marker="_", s=400, color="black", label="ideal" if j == 0 else None)
+    ax.axhline(1.0, color="gray", lw=0.8)
+    ax.set_xticks(range(len(labels)), labels, rotation=15, ha="right", fontsize=8)
+    ax.set_ylabel("tokens/s relative to mlxspec AR")
+    ax.set_title("Speedup per configuration (all categories)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    fig.savefig(out / "speedup.png", dpi=120)
+    plt.close(fig)
+    written.append("speedup.png")
+
+    spec = [r for r in allr if r.get("acceptance_rate") is not None]
+    if spec:
+        fig, ax = plt.subplots(figsize=(9, 4.5))
+        for r in spec:
+            ppa = r["per_position_acceptance"]
+            ax.plot(range(1, len(ppa) + 1), ppa, marker="o", label=f"{r['configuration']} T={r['temp']:g}")
+        ax.set_xlabel("draft position")
+        ax.set_ylabel("acceptance (accepted / drafted)")
+        ax.set_ylim(0, 1.02)
+        ax.set_title("Per-position acceptance")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+        fig.tight_layout()
+        fig.savefig(out / "acceptance.png", dpi=120)
+        plt.close(fig)
+        written.append("acceptance.png")
+
+        cats = list(dict.fromkeys(r["category"] for r in rows))
+        keys = [(r["configuration"], r["temp"]) for r in spec]
+        w = 0.8 / len(keys)
+        fig, ax = plt.subplots(figsize=(max(8, 1.5 * len(cats) + 3), 4.5))
+        for j, (lab, t) in enumerate(keys):
+            taus = [next(r["tau"] for r in rows if r["configuration"] == lab and r["temp"] == t and r["category"] == c)
+                    for c in cats]
+            ax.bar([i + (j - (len(keys) - 1) / 2) * w for i in range(len(cats))], taus, w, label=f"{lab} T={t:g}")
+        ax.set_xticks(range(len(cats)), cats)
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_ylabel("tau (tokens per target forward)")
+        ax.set_title("tau by prompt category")
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+        fig.tight_layout()
+        fig.savefig(out / "tau_by_category.png", dpi=120)
+        plt.close(fig)
+        written.append("tau_by_category.png")
+    return written
+
+
+# ----------------------------------------------------------------------------- the run
 
 def cmd_bench(a) -> int:
-    from .errors import MlxspecError
+    import mlx.core as mx
+    import mlx_lm
+    from tqdm import tqdm
 
-    raise MlxspecError("mlxspec bench is not available in this build yet")
+    from .api import load_speculator
+    from .blas import blas_status
+    from .loading.target import default_dense, load_target, resolve_model_path
+    from .prompts import encode_prompt
+    from .spec.profile import measure_verify_sps
+
+    s = settings(a)
+    fast, blas_msg = blas_status()
+    if not fast:
+        print(f"bench: warning: {blas_msg}", file=sys.stderr)
+    model_path = resolve_model_path(a.model)
+    target, tok = load_target(model_path)
+    eos = set() if a.ignore_eos else set(tok.eos_token_ids)
+    prompts = {c: [encode_prompt(tok, c, t) for t in s["texts"][c]] for c in s["categories"]}
+
+    def speculator(path, kind, target, log):
+        n = a.num_draft_tokens if kind == "draft-simple" else None
+        return load_speculator(path, target, kind, num_draft_tokens=n, log=log)
+
+    # configurations; every drafter is loaded once here so that a bad one fails before any timing
+    configs = [{"label": AR, "engine": "mlxspec", "kind": "none", "path": None, "max_drafts": 0}]
+    wanted = [(p, "auto") for p in s["drafts"]] + ([(a.draft_simple, "draft-simple")] if a.draft_simple else [])
+    for path, kind in wanted:
+        log = io.StringIO()
+        spec = speculator(path, kind, target, log)
+        label = f"{spec.spec_type} {Path(path).name}"
+        if any(c["label"] == label for c in configs):
+            label += f" #{len(configs)}"
+        configs.append({"label": label, "engine": "mlxspec", "kind": kind, "path": str(path),
+                        "description": spec.description, "load_log": log.getvalue().strip(),
+                        "max_drafts": spec.make_drafter(target).max_drafts})
+        del spec
+    if not wanted:
+        print("bench: no drafter (none shipped, none given with --draft): only autoregressive rows", file=sys.stderr)
+    configs.append({"label": MLX_LM, "engine": "mlx_lm", "kind": "none", "path": None, "max_drafts": 0})
+    mdir = mlx_lm_dir(a.model, a.mlx_dir)
+
+    # target forward cost t(L) at the run's mean context
+    n_prompts = sum(len(v) for v in prompts.values())
+    context = round(sum(len(i) for v in prompts.values() for i in v) / n_prompts + s["max_tokens"] / 2)
+    L_max = max(c["max_drafts"] for c in configs) + 1
+    print(f"bench: timing target forwards of 1..{L_max} tokens at context {context}", file=sys.stderr)
+    sps = measure_verify_sps(target, L_max, context=context, repeats=7)
+    ms = {L: 1000.0 / v for L, v in sps.items()}
+
+    total = len(configs) * len(s["temps"]) * s["repeats"] * n_prompts
+    timings = {}
+    with tqdm(total=total, desc="bench", unit="gen", file=sys.stderr, dynamic_ncols=True) as bar:
+        for cfg in configs:  # mlx_lm last, after the mlxspec target is freed: peak memory is its own
+            if cfg["engine"] == "mlx_lm":
+                del target
+                gc.collect()
+                mx.clear_cache()
+                model, hf_tok = mlx_lm.load(str(mdir))
+                hf_tok.eos_token_ids = eos
+                run = mlx_lm_runner(model, hf_tok)
+            else:
+                spec = speculator(cfg["path"], cfg["kind"], target, io.StringIO()) if cfg["path"] else None
+                run = mlxspec_runner(target, eos, spec)
+            timings[cfg["label"]] = time_config(cfg["label"], run, s, prompts, bar)
+            del run
+            spec = model = None
+            gc.collect()
+            mx.clear_cache()
+    order = [configs[-1]] + configs[:-1]  # report: mlx_lm, mlxspec AR, speculative
+    rows = summarize(order, timings, s, ms)
+
+    meta = {
+        "command": command_line(a),
+        "model": str(model_path),
+        "mlx_lm_dir": str(mdir),
+        "target_compute": "dense float32" if default_dense() else "quantized",
+        "categories": s["categories"],
+        "prompt_tokens": {c: [len(i) for i in v] for c, v in prompts.items()},
+        "max_tokens": s["max_tokens"], "repeats": s["repeats"], "temps": s["temps"], "seed": s["seed"],
+        "ignore_eos": a.ignore_eos,
+        "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "blas": blas_msg,
+        "platform": platform.platform(), "cpus": os.cpu_count(), "device": str(mx.default_device()),
+        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+    }
+    print(markdown(rows, meta, s, ms, context))
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        doc = {
+            "meta": meta,
+            "configurations": [{k: v for k, v in c.items()} for c in order],
+            "verify_cost": {"context": context, "forward_ms": ms, "repeats": 7},
+            "results": rows,
+        }
+        (out / "bench.json").write_text(json.dumps(doc, indent=2))
+        plots = write_plots(rows, out)
+        print(f"bench: wrote {out / 'bench.json'}" + (f" and {', '.join(plots)}" if plots else ""), file=sys.stderr)
+    return 0

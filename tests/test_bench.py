@@ -1,0 +1,96 @@
+"""`mlxspec bench`: a tiny end-to-end run (random-weight DSpark drafter, and draft-simple with
+the target's own MLX copy as draft model) and the user errors."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import mlx.core as mx
+import pytest
+
+from mlxspec import cli
+from mlxspec.loading.drafter import save_drafter
+from mlxspec.models.dflash import DFlashModel, DrafterConfig
+
+
+@pytest.fixture(scope="module")
+def drafter_dir(smollm2, tmp_path_factory):
+    info = smollm2[0].info
+    cfg = DrafterConfig(hidden_size=info.hidden_size, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=32, block_size=4, target_layer_ids=[1, 10, 20],
+                        mask_token_id=16, vocab_size=info.vocab_size, sample_from_anchor=True, rope_theta=1e5,
+                        markov_rank=8, confidence_head=True)
+    mx.random.seed(0)
+    m = DFlashModel(cfg)
+    mx.eval(m.parameters())
+    path = tmp_path_factory.mktemp("bench") / "dspark"
+    save_drafter(m, cfg, path, "speculators")
+    return path
+
+
+def test_bench_tiny_run(drafter_dir, tmp_path, capsys):
+    from mlxspec.bench import mlx_lm_dir
+
+    simple = mlx_lm_dir(None, None)  # the target's own weights: draft-simple accepts (nearly) everything
+    out = tmp_path / "out"
+    rc = cli.main(["bench", "--draft", str(drafter_dir), "--draft-simple", str(simple), "--num-draft-tokens", "2",
+                   "--categories", "code,chat", "--prompts-per-category", "1", "--max-tokens", "6",
+                   "--repeats", "1", "--temps", "0,1", "--out", str(out)])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    labels = ["mlx_lm AR", "mlxspec AR", "draft-dspark dspark", f"draft-simple {simple.name}"]
+    assert "Command: `" in cap.out and "| T | configuration | tok/s | x AR | tau |" in cap.out
+    for lab in labels:
+        assert f"| {lab} |" in cap.out
+
+    doc = json.loads((out / "bench.json").read_text())
+    assert [c["label"] for c in doc["configurations"]] == labels
+    assert doc["meta"]["max_tokens"] == 6 and doc["meta"]["temps"] == [0.0, 1.0]
+    assert doc["verify_cost"]["forward_ms"]["1"] > 0 and "5" in doc["verify_cost"]["forward_ms"]  # 4 drafts + anchor
+    rows = {(r["temp"], r["configuration"], r["category"]): r for r in doc["results"]}
+    assert set(rows) == {(t, lab, c) for t in (0.0, 1.0) for lab in labels for c in ("code", "chat", "all")}
+    for r in rows.values():
+        assert r["tokens_per_s"] > 0 and r["ratio_vs_mlxspec_ar"] > 0 and r["peak_memory_mb"] > 0
+        assert all(len(p) == 1 for p in r["tokens_per_s_per_prompt"])
+    for t in (0.0, 1.0):
+        ar = rows[(t, "mlxspec AR", "all")]
+        assert ar["ratio_vs_mlxspec_ar"] == 1.0 and ar["tau"] == 1.0 and ar["acceptance_rate"] is None
+        for lab in labels[2:]:
+            r = rows[(t, lab, "all")]
+            assert r["tau"] >= 1.0 and 0.0 <= r["acceptance_rate"] <= 1.0
+            assert r["per_position_acceptance"] and r["mean_verify_length"] > 1
+            assert r["ideal_speedup"] > 0 and r["efficiency"] == pytest.approx(r["ratio_vs_mlxspec_ar"] / r["ideal_speedup"])
+            assert 0 < r["draft_share"] < 1 and r["draft_share"] + r["verify_share"] == pytest.approx(1.0)
+    assert len(rows[(0.0, "draft-dspark dspark", "all")]["per_position_acceptance"]) == 4
+    # greedy speculative decoding is lossless: the same tokens as mlxspec AR
+    for lab in labels[2:]:
+        assert rows[(0.0, lab, "all")]["same_tokens_as_ar"] == [2, 2]
+    simple_row = rows[(0.0, labels[3], "all")]
+    assert simple_row["acceptance_rate"] > 0.8 and simple_row["tau"] > 1.5
+
+    if importlib.util.find_spec("matplotlib"):
+        for name in ("speedup.png", "acceptance.png", "tau_by_category.png"):
+            assert (out / name).stat().st_size > 1000
+    else:
+        assert "plots skipped" in cap.err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--draft", "/nonexistent/drafter"], "--draft /nonexistent/drafter: no such file or directory"),
+    (["--draft-simple", "/nonexistent/model"], "--draft-simple /nonexistent/model: no such file or directory"),
+    (["--temps", "0,hot"], "--temps '0,hot': expected comma-separated numbers"),
+    (["--categories", "code,poetry"], "--categories: unknown category 'poetry'"),
+    (["--prompts-per-category", "99"], "--prompts-per-category 99: the code set has only"),
+    (["--max-tokens", "1"], "--max-tokens 1: tokens/s needs at least 2 tokens"),
+])
+def test_bench_user_errors(args, message, capsys):
+    assert cli.main(["bench", *args]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mlxspec: error: ") and message in err and err.count("\n") == 1
+
+
+def test_bench_not_a_drafter(smollm2_path, tmp_path, capsys):
+    assert cli.main(["bench", "--draft", str(tmp_path), "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("mlxspec: error: ") and str(tmp_path) in err and err.count("\n") == 1
