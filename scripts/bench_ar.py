@@ -13,8 +13,10 @@ mlx_lm cannot read GGUF, so the GGUF target is written once as MLX directories w
 Per (variant, repeat, prompt) each engine decodes `--max-tokens` tokens greedily with end-of-
 generation disabled (both produce exactly that many tokens). Tokens/s counts the generation
 only: from the first token (the prefill's) to the last, (tokens - 1) / time. The engines
-alternate order on every run. Reported: the median over repeats of each engine's aggregate
-tokens/s over the prompts, and the ratio mlxspec / mlx_lm.
+run back to back on the same prompt, alternating which goes first. Reported: the median over
+repeats of each engine's aggregate tokens/s over the prompts and their ratio, and the median
+of the per-pair ratios (mlxspec / mlx_lm), which the pass/fail verdict uses: on a shared
+machine load changes between repeats, and a back-to-back pair sees nearly the same load.
 
     LD_PRELOAD=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0 \
         python scripts/bench_ar.py --repeats 5 --max-tokens 128 --out bench_ar.json
@@ -139,18 +141,22 @@ def main(argv=None) -> int:
         for fn in engines.values():  # warm-up (kernels, caches, allocator)
             fn(prompts[0][1], 8)
         per = {e: [] for e in engines}  # per repeat: aggregate tokens/s over prompts
+        paired = []  # per (repeat, prompt): mlxspec tok/s / mlx_lm tok/s of the back-to-back pair
         tokens = {e: {} for e in engines}
         for rep in range(a.repeats):
             acc = {e: [0, 0.0] for e in engines}
             for pi, (name, ids) in enumerate(prompts):
                 order = list(engines) if (rep + pi) % 2 == 0 else list(engines)[::-1]
+                tps = {}
                 for e in order:
                     bar.set_postfix_str(f"{v} r{rep} {name} {e}")
                     out, dt = engines[e](ids, a.max_tokens)
                     acc[e][0] += len(out) - 1
                     acc[e][1] += dt
+                    tps[e] = (len(out) - 1) / dt
                     tokens[e].setdefault(name, out)
                     bar.update(1)
+                paired.append(tps["mlxspec"] / tps["mlx_lm"])
             for e in engines:
                 per[e].append(acc[e][0] / acc[e][1])
         med = {e: statistics.median(per[e]) for e in engines}
@@ -164,6 +170,8 @@ def main(argv=None) -> int:
             "tps_median": med,
             "tps_per_repeat": per,
             "ratio": med["mlxspec"] / med["mlx_lm"],
+            "paired_ratios": paired,
+            "paired_ratio_median": statistics.median(paired),
             "same_tokens": same,
             "first_difference": first_diff,
         }
@@ -172,16 +180,18 @@ def main(argv=None) -> int:
     bar.close()
 
     # ---- report
-    rows = ["| variant | engine | tok/s (median) | min | max | mlxspec / mlx_lm | same tokens |",
-            "|---|---|---:|---:|---:|---:|---|"]
+    rows = ["| variant | engine | tok/s (median) | min | max | mlxspec / mlx_lm (medians) | paired ratio "
+            "(median) | same tokens |",
+            "|---|---|---:|---:|---:|---:|---:|---|"]
     for v, r in results.items():
         for e in ("mlx_lm", "mlxspec"):
             vals = r["tps_per_repeat"][e]
             ratio = f"{r['ratio']:.3f}" if e == "mlxspec" else ""
+            pr = f"{r['paired_ratio_median']:.3f}" if e == "mlxspec" else ""
             same = f"{sum(r['same_tokens'].values())}/{len(r['same_tokens'])}" if e == "mlxspec" else ""
             label = "dense float32" if v == "dense" else "quantized (keep)"
             rows.append(f"| {label} | {e} | {r['tps_median'][e]:.1f} | {min(vals):.1f} | {max(vals):.1f} | "
-                        f"{ratio} | {same} |")
+                        f"{ratio} | {pr} | {same} |")
     print("\n".join(rows))
     meta = {
         "model": str(gguf),
@@ -198,10 +208,14 @@ def main(argv=None) -> int:
     }
     verdict = None
     if "dense" in results:
-        ratio = results["dense"]["ratio"]
+        # the verdict uses the paired ratio: each pair ran back to back, so load changes on a
+        # shared machine hit both engines alike (the ratio of medians mixes different moments)
+        r = results["dense"]
+        ratio = r["paired_ratio_median"]
         verdict = "ok" if ratio >= a.threshold else "too slow"
-        print(f"\ndense float32: mlxspec runs at {ratio:.1%} of mlx_lm's decode speed "
-              f"({'within' if verdict == 'ok' else 'OUTSIDE'} the {1 - a.threshold:.0%} budget)")
+        print(f"\ndense float32: mlxspec runs at {ratio:.1%} of mlx_lm's decode speed (median of "
+              f"{len(r['paired_ratios'])} back-to-back pairs; ratio of medians {r['ratio']:.1%}): "
+              f"{'within' if verdict == 'ok' else 'OUTSIDE'} the {1 - a.threshold:.0%} budget")
     if a.out:
         Path(a.out).write_text(json.dumps({"meta": meta, "results": results, "verdict": verdict}, indent=2))
         print(f"wrote {a.out}", file=sys.stderr)

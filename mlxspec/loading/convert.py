@@ -9,6 +9,7 @@ tokenizer_config.json (chat template, eos) so mlx_lm's tokenizer loader accepts 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import mlx.core as mx
@@ -25,7 +26,16 @@ def convert_to_mlx(model_path: str | None, out: str, dtype: str = "keep") -> Pat
     src = resolve_model_path(model_path)
     if Path(src).is_dir():
         raise MlxspecError(f"{src}: already a model directory; convert takes a .gguf file")
-    target, tok = load_target(src, dense=False)
+    # mlx_lm reads MLX affine layers only: never keep native low-bit GGUF blocks here
+    saved = os.environ.get("MLXSPEC_NATIVE_LOWBIT")
+    os.environ["MLXSPEC_NATIVE_LOWBIT"] = "0"
+    try:
+        target, tok = load_target(src, dense=False)
+    finally:
+        if saved is None:
+            os.environ.pop("MLXSPEC_NATIVE_LOWBIT", None)
+        else:
+            os.environ["MLXSPEC_NATIVE_LOWBIT"] = saved
     model = target.model
     cfg = dict(target.config)
     if dtype in ("float32", "float16", "bfloat16"):
