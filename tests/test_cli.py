@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -173,6 +174,33 @@ def test_tokenizer_save_hf_matches_mlx_lm(smollm2, tmp_path):
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
     assert hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == tok.apply_chat_template(msgs)
     assert isinstance(hf.detokenizer, BPEStreamingDetokenizer)
+
+
+@pytest.mark.parametrize("name,detok", [("llama-spm", "SPMStreamingDetokenizer"), ("phi-3", "SPMStreamingDetokenizer"),
+                                        ("gpt-2", "BPEStreamingDetokenizer"), ("llama-bpe", "BPEStreamingDetokenizer"),
+                                        ("qwen2", "BPEStreamingDetokenizer")])
+def test_tokenizer_save_hf_golden_vocabs(tmp_path, name, detok):
+    """llama.cpp's vocab-only GGUFs (cached by the tokenizer tests): the written tokenizer.json encodes
+    llama.cpp's test texts exactly as mlxspec does, with and without BOS, SentencePiece included."""
+    from conftest_vocab import GOLDEN_SEPARATOR, golden_root
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from mlxspec.loading.tokenizer import load_gguf_tokenizer, read_gguf_metadata
+
+    vocab = golden_root() / "models" / f"ggml-vocab-{name}.gguf"
+    inp = Path(str(vocab) + ".inp")
+    if not vocab.exists() or not inp.exists():
+        pytest.skip(f"{vocab} not cached (tests/test_tokenizer.py fetches it)")
+    tok = load_gguf_tokenizer(read_gguf_metadata(vocab))
+    tok.save_hf(tmp_path)
+    hf = load_tokenizer(tmp_path)
+    assert type(hf.detokenizer).__name__ == detok
+    texts = inp.read_bytes().decode("utf-8").split(GOLDEN_SEPARATOR) + TEXTS  # bytes: keep \r as is
+    for t in texts:
+        for special in (True, False):
+            assert hf.encode(t, add_special_tokens=special) == tok.encode(t, add_special_tokens=special), repr(t)
+        ids = tok.encode(t, add_special_tokens=False)
+        assert hf.decode(ids) == tok.decode(ids), repr(t)
 
 
 @pytest.mark.parametrize("dtype", ["keep", "float32"])
