@@ -161,7 +161,7 @@ def convert_tensor(g: GGUFFile, info: TensorInfo) -> Converted:
 
         qt = gguf.GGMLQuantizationType(t)
         arr = gguf.quants.dequantize(np.asarray(raw), qt).reshape(info.shape)
-        return Converted(array=arr.astype(np.float16), note=f"{info.type_name} dequantized to float16")
+        return Converted(array=arr.astype(np.float16), note=f"{info.type_name} dequantized to float16 (2 bytes per weight in memory)")
     except (ValueError, NotImplementedError, KeyError):
         raise _Unsupported(info)
 
