@@ -106,8 +106,11 @@ class Batcher:
         first = 0 if tc.sample_from_anchor else 1
         n_pred = B - first
         idx = self.rng.choice(self.n, S, replace=False)
-        # anchors a in [1, L - B - 1]: the block's predictions stay inside the window
-        anchors = np.stack([np.sort(self.rng.choice(np.arange(1, L - B - 1), K, replace=False)) for _ in idx])
+        # anchors a in [start, L - B - 1]: the block's predictions stay inside the window;
+        # `start` > 1 keeps anchors in the target-generated part of generated shards
+        starts = s["start"][idx] if "start" in s else np.ones(len(idx), np.int64)
+        anchors = np.stack([np.sort(self.rng.choice(np.arange(max(1, st), L - B - 1), K, replace=False))
+                            for st in starts])
         j = np.arange(B)
         pos = anchors[:, :, None] + j  # [S, K, B]
         toks = s["tokens"][idx]
