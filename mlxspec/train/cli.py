@@ -17,7 +17,12 @@ def add_train_args(p):
     p.add_argument("--data", default=None, help="shard directory (default: <cache>/shards/<model>); prepared on first use")
     p.add_argument("--corpus", action="append", default=None,
                    help="CATEGORY=GLOB (repeatable); default: stdlib code, Python docs prose, fortunes")
-    p.add_argument("--tokens", default="code=100000,prose=50000,fortunes=10000", help="training tokens per category")
+    p.add_argument("--tokens", default="code=72000,prose=38400,fortunes=9600",
+                   help="training tokens per category (generated tokens in --data-mode generated)")
+    p.add_argument("--data-mode", choices=("generated", "corpus"), default="generated",
+                   help="generated: corpus prefixes continued greedily by the target (default; what greedy "
+                        "verification accepts); corpus: raw corpus windows")
+    p.add_argument("--prefix-len", type=int, default=64, help="generated mode: corpus prefix tokens")
     p.add_argument("--taps", default="1,8,15,22,28", help="target layers (output of layer k) the drafter reads")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--block-size", type=int, default=8)
@@ -52,7 +57,7 @@ def _parse_kv(s: str) -> dict:
 def cmd_train(a) -> int:
     from ..cli import check_blas
     from ..loading.target import load_target
-    from .data import DEFAULT_SOURCES, prepare_shards
+    from .data import DEFAULT_SOURCES, prepare_generated_shards, prepare_shards
     from .export import export_all
     from .trainer import TrainConfig, train
 
@@ -72,12 +77,17 @@ def cmd_train(a) -> int:
     from ..cache import cache_dir
 
     name = Path(target.info.source).stem
-    data = Path(a.data) if a.data else cache_dir() / "shards" / f"{name}-L{a.seq_len}-t{'_'.join(map(str, taps))}"
+    data = Path(a.data) if a.data else (
+        cache_dir() / "shards" / f"{name}-{a.data_mode}-L{a.seq_len}-t{'_'.join(map(str, taps))}")
     meta = {"taps": taps, "seq_len": a.seq_len, "budget": budget, "model": target.info.source,
-            "sources": sources or DEFAULT_SOURCES}
+            "sources": sources or DEFAULT_SOURCES, "mode": a.data_mode}
     if not (data / "meta.json").exists():
         t0 = time.time()
-        prepare_shards(target, tok, data, taps, a.seq_len, budget, sources=sources)
+        if a.data_mode == "generated":
+            prepare_generated_shards(target, tok, data, taps, a.prefix_len, a.seq_len - a.prefix_len, budget,
+                                     sources=sources)
+        else:
+            prepare_shards(target, tok, data, taps, a.seq_len, budget, sources=sources)
         meta["prepare_s"] = time.time() - t0
         (data / "meta.json").write_text(json.dumps(meta, indent=1))
     elif json.loads((data / "meta.json").read_text())["taps"] != taps:
