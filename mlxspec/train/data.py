@@ -84,6 +84,15 @@ def token_windows(files, tokenizer, seq_len: int, max_tokens: int, seed: int = 0
     return np.asarray(wins, dtype=np.int32)
 
 
+def next_token_topk(logits: mx.array) -> tuple[mx.array, mx.array]:
+    """The target's TOPK most likely next tokens and their probabilities, most likely first."""
+    probs = mx.softmax(logits.astype(mx.float32), axis=-1)
+    ids = mx.argpartition(-probs, TOPK, axis=-1)[..., :TOPK]
+    pk = mx.take_along_axis(probs, ids, axis=-1)
+    order = mx.argsort(-pk, axis=-1)
+    return mx.take_along_axis(ids, order, axis=-1), mx.take_along_axis(pk, order, axis=-1)
+
+
 def prepare_shards(
     target,
     tokenizer,
@@ -130,12 +139,7 @@ def prepare_shards(
     for s in range(0, n, batch):
         x = mx.array(windows[s : s + batch])
         hid, tp = target.forward_hidden(x, taps)
-        logits = target.lm_head(hid).astype(mx.float32)
-        probs = mx.softmax(logits, axis=-1)
-        ids = mx.argpartition(-probs, TOPK, axis=-1)[..., :TOPK]
-        pk = mx.take_along_axis(probs, ids, axis=-1)
-        order = mx.argsort(-pk, axis=-1)
-        ids, pk = mx.take_along_axis(ids, order, axis=-1), mx.take_along_axis(pk, order, axis=-1)
+        ids, pk = next_token_topk(target.lm_head(hid))
         mx.eval(tp, ids, pk)
         buf["tokens"].append(windows[s : s + batch])
         buf["taps"].append(np.asarray(tp.astype(mx.float16)))
@@ -155,7 +159,7 @@ def load_shards(path: str | os.PathLike) -> dict[str, np.ndarray]:
     if not files:
         from ..errors import MlxspecError
 
-        raise MlxspecError(f"{path}: no training shards; run `mlxspec train --prepare` first")
+        raise MlxspecError(f"{path}: no training shards; run `mlxspec train --prepare-only` (or any `mlxspec train`) first")
     parts = [dict(np.load(f)) for f in files]
     return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
@@ -213,16 +217,9 @@ def prepare_generated_shards(
         toks = [x]
         tap_l, id_l, p_l = [], [], []
 
-        def topk(logits):
-            probs = mx.softmax(logits.astype(mx.float32), axis=-1)
-            ids = mx.argpartition(-probs, TOPK, axis=-1)[..., :TOPK]
-            pk = mx.take_along_axis(probs, ids, axis=-1)
-            o = mx.argsort(-pk, axis=-1)
-            return mx.take_along_axis(ids, o, axis=-1), mx.take_along_axis(pk, o, axis=-1)
-
         logits, tp = target(x, cache, taps=taps, logits="all")
         for _ in range(gen_len + 1):  # the last pass gives the last token's taps
-            ids, pk = topk(logits)
+            ids, pk = next_token_topk(logits)
             nxt = ids[:, -1:, 0]  # greedy: the target's own next token
             mx.eval(tp, ids, pk, nxt)
             tap_l.append(tp.astype(mx.float16))
