@@ -130,24 +130,15 @@ def command_line(a) -> str:
 
 
 def mlx_lm_dir(model: str | None, root: str | None) -> Path:
-    """The target as an MLX directory mlx_lm loads: converted once, reused while the source
-    file is unchanged (same layout as scripts/bench_ar.py)."""
-    from .cache import cache_dir
-    from .loading.convert import convert_to_mlx
+    """The target as an MLX directory mlx_lm loads (float32 on CPU, the lossless repack
+    on Metal/CUDA); shared with scripts/bench_ar.py through `cached_mlx_copy`."""
+    from .loading.convert import cached_mlx_copy
     from .loading.target import default_dense, resolve_model_path
 
     src = Path(resolve_model_path(model))
     if src.is_dir():
         return src
-    dtype = "float32" if default_dense() else "keep"
-    out = (Path(root) if root else cache_dir() / "bench") / f"{src.stem}-{dtype}"
-    stamp = out / ".source"
-    sig = f"{src.resolve()} {src.stat().st_size} {src.stat().st_mtime_ns}"
-    if not (out / "config.json").exists() or not stamp.exists() or stamp.read_text() != sig:
-        print(f"bench: writing {src.name} as an MLX directory for mlx_lm: {out} (--dtype {dtype})", file=sys.stderr)
-        convert_to_mlx(str(src), str(out), dtype=dtype)
-        stamp.write_text(sig)
-    return out
+    return cached_mlx_copy(str(src), "float32" if default_dense() else "keep", root)
 
 
 # ----------------------------------------------------------------------------- runners

@@ -52,22 +52,6 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
-def converted_dir(gguf: str, dtype: str, root: str | None) -> Path:
-    from mlxspec.cache import cache_dir
-    from mlxspec.loading.convert import convert_to_mlx
-
-    base = Path(root) if root else cache_dir() / "bench"
-    src = Path(gguf)
-    out = base / f"{src.stem}-{dtype}"
-    stamp = out / ".source"
-    sig = f"{src.resolve()} {src.stat().st_size} {src.stat().st_mtime_ns}"
-    if not (out / "config.json").exists() or not stamp.exists() or stamp.read_text() != sig:
-        print(f"converting {src.name} -> {out} (--dtype {dtype})", file=sys.stderr)
-        convert_to_mlx(str(src), str(out), dtype=dtype)
-        stamp.write_text(sig)
-    return out
-
-
 def run_mlxspec(target, ids: list[int], n: int) -> tuple[list[int], float]:
     from mlxspec.spec.engine import generate_steps
 
@@ -105,6 +89,7 @@ def main(argv=None) -> int:
 
     from mlxspec.blas import blas_status
     from mlxspec.loading.target import load_target, resolve_model_path
+    from mlxspec.loading.convert import cached_mlx_copy
     from mlxspec.prompts import encode_prompt, load_prompts
 
     fast, blas_msg = blas_status()
@@ -129,7 +114,7 @@ def main(argv=None) -> int:
     bar = tqdm(total=total, desc="bench_ar", unit="run", file=sys.stderr)
     for v in variants:
         dtype = "float32" if v == "dense" else "keep"
-        mdir = converted_dir(gguf, dtype, a.mlx_dir)
+        mdir = cached_mlx_copy(gguf, dtype, a.mlx_dir)
         bar.set_postfix_str(f"{v}: loading")
         target, _ = load_target(gguf, dense=(v == "dense"))
         model, hf_tok = mlx_lm.load(str(mdir))

@@ -70,3 +70,22 @@ def convert_to_mlx(model_path: str | None, out: str, dtype: str = "keep") -> Pat
         json.dumps({"bos_token_id": tok.bos_token_id, "eos_token_id": cfg["eos_token_id"]}, indent=2)
     )
     return out_p
+
+
+def cached_mlx_copy(gguf: str, dtype: str, root: str | None = None, log=None) -> Path:
+    """The GGUF target as an MLX directory under <cache>/bench (or `root`), converted once
+    and reused while the source file is unchanged (size and mtime stamped in `.source`).
+    Used by the benchmarks so mlx_lm runs the very same weights."""
+    import sys
+
+    from ..cache import cache_dir
+
+    src = Path(gguf)
+    out = (Path(root) if root else cache_dir() / "bench") / f"{src.stem}-{dtype}"
+    stamp = out / ".source"
+    sig = f"{src.resolve()} {src.stat().st_size} {src.stat().st_mtime_ns}"
+    if not (out / "config.json").exists() or not stamp.exists() or stamp.read_text() != sig:
+        print(f"writing {src.name} as an MLX directory for mlx_lm: {out} (--dtype {dtype})", file=log or sys.stderr)
+        convert_to_mlx(str(src), str(out), dtype=dtype)
+        stamp.write_text(sig)
+    return out
