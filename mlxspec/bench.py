@@ -327,6 +327,17 @@ def markdown(rows, meta, s, ms, context) -> str:
     return "\n".join(out)
 
 
+def _save(fig, ax, out: Path, name: str) -> str:
+    """Legend outside the axes, write the PNG, free the figure; -> the file name."""
+    import matplotlib.pyplot as plt
+
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    fig.savefig(out / name, dpi=120)
+    plt.close(fig)
+    return name
+
+
 def write_plots(rows, out: Path) -> list[str]:
     try:
         import matplotlib
@@ -354,11 +365,7 @@ def write_plots(rows, out: Path) -> list[str]:
     ax.set_xticks(range(len(labels)), labels, rotation=15, ha="right", fontsize=8)
     ax.set_ylabel("tokens/s relative to mlxspec AR")
     ax.set_title("Speedup per configuration (all categories)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    fig.savefig(out / "speedup.png", dpi=120)
-    plt.close(fig)
-    written.append("speedup.png")
+    written.append(_save(fig, ax, out, "speedup.png"))
 
     spec = [r for r in allr if r.get("acceptance_rate") is not None]
     if spec:
@@ -370,11 +377,7 @@ def write_plots(rows, out: Path) -> list[str]:
         ax.set_ylabel("acceptance (accepted / drafted)")
         ax.set_ylim(0, 1.02)
         ax.set_title("Per-position acceptance")
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-        fig.tight_layout()
-        fig.savefig(out / "acceptance.png", dpi=120)
-        plt.close(fig)
-        written.append("acceptance.png")
+        written.append(_save(fig, ax, out, "acceptance.png"))
 
         cats = list(dict.fromkeys(r["category"] for r in rows))
         keys = [(r["configuration"], r["temp"]) for r in spec]
@@ -388,11 +391,7 @@ def write_plots(rows, out: Path) -> list[str]:
         ax.axhline(1.0, color="gray", lw=0.8)
         ax.set_ylabel("tau (tokens per target forward)")
         ax.set_title("tau by prompt category")
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-        fig.tight_layout()
-        fig.savefig(out / "tau_by_category.png", dpi=120)
-        plt.close(fig)
-        written.append("tau_by_category.png")
+        written.append(_save(fig, ax, out, "tau_by_category.png"))
     return written
 
 

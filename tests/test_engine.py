@@ -396,23 +396,15 @@ def test_choose_verify_length_stops_at_first_non_improvement():
     assert choose_verify_length(conf, sps) == 1  # ... but the rule stops at the first drop
 
 
-class ConfRecorder:
+class ConfRecorder(Recorder):
+    """Records the confidences of every draft (the delegation is Recorder's)."""
+
     def __init__(self, inner):
-        self.inner, self.confs = inner, []
-        self.name, self.taps, self.max_drafts = inner.name, inner.taps, inner.max_drafts
-
-    @property
-    def ctx_len(self):
-        return self.inner.ctx_len
-
-    def begin(self, ids, taps):
-        self.inner.begin(ids, taps)
-
-    def accept(self, tokens, taps):
-        self.inner.accept(tokens, taps)
+        super().__init__(inner)
+        self.confs = []
 
     def draft(self, anchor, n, sp, rng):
-        d = self.inner.draft(anchor, n, sp, rng)
+        d = super().draft(anchor, n, sp, rng)
         self.confs.append(d.confidence[:n])
         return d
 
