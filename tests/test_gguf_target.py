@@ -151,14 +151,15 @@ def test_qk_unpermute_restores_hf_layout(tmp_path):
 
 
 def test_dense_cpu_target_equals_native_dequantization(tmp_path):
-    """load_target on CPU: dense float32 weights equal MLX's own dequantization of the repack."""
+    """load_target on CPU: dense float32 weights equal MLX's dequantization of the repack in
+    float32 arithmetic (never the float16 `mx.dequantize` of float16 scales)."""
     path = tmp_path / "q4.gguf"
     write_tiny_model(path, "Q4_0")
     target, tok = load_target(str(path))
     quant, *_ = load_gguf_target(str(path))
     a = np.array(target.model.model.layers[1].self_attn.q_proj.weight)
     assert target.model.model.layers[1].self_attn.q_proj.weight.dtype == mx.float32
-    np.testing.assert_array_equal(a, loaded_weights(quant)["model.layers.1.self_attn.q_proj.weight"][0])
+    np.testing.assert_array_equal(a, loaded_weights(quant)["model.layers.1.self_attn.q_proj.weight"][1])
 
 
 # ----------------------------------------------------------------------------- error paths
@@ -360,3 +361,132 @@ def test_smollm2_wrong_rope_layout_is_far_worse(smollm2_path, ppl_ids, monkeypat
     ppl = perplexity(wrong, ppl_ids)
     print(f"SmolLM2 perplexity with Q/K left in ggml's layout: {ppl:.2f}")
     assert ppl > 2.5 * PPL_BOUND
+
+
+# ----------------------------------------------------------------------------- the float32 dense path
+
+def _gguf_dequant(tid: int, raw, shape) -> np.ndarray:
+    """`gguf.quants.dequantize` where the gguf package knows the type (float32); the block-layout
+    reference above for the low-bit types it lacks (Q1_0 / Q2_0 / PQ2_0)."""
+    import gguf
+
+    try:
+        qt = gguf.GGMLQuantizationType(tid)
+        if qt in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16):
+            raise ValueError
+        return gguf.quants.dequantize(np.asarray(raw), qt).reshape(shape).astype(np.float32)
+    except (ValueError, NotImplementedError):
+        return ref_dequant(tid, raw, shape)
+
+
+def _dense_params(model) -> dict:
+    params = dict(tree_flatten_np(model))
+    for v in params.values():
+        assert v.dtype == np.float32
+    return params
+
+
+def tree_flatten_np(model):
+    from mlx.utils import tree_flatten
+
+    for k, v in tree_flatten(model.parameters()):
+        yield k, np.array(v)
+
+
+@pytest.mark.parametrize("qtype", ["F32", "F16", "BF16", *AFFINE_KEPT, *LOWBIT, "Q4_K", "Q6_K"])
+def test_dense_path_is_bit_exact_float32(tmp_path, qtype):
+    """load_target(dense=True): every weight equals gguf.quants.dequantize in float32, bit for bit."""
+    path = tmp_path / f"{qtype}.gguf"
+    _, written = write_tiny_model(path, qtype)
+    target, _ = load_target(str(path), dense=True)
+    got = _dense_params(target.model)
+    for name, (tid, raw, shape) in written.items():
+        want = _gguf_dequant(tid, raw, shape)
+        if ".attn_q." in name:
+            want = unpermute_rows(want, TINY["heads"])
+        elif ".attn_k." in name:
+            want = unpermute_rows(want, TINY["kv_heads"])
+        np.testing.assert_array_equal(got[hf_name(name)], want, err_msg=f"{qtype} {name}")
+
+
+def _smollm2_reference(path):
+    """Independent float32 weights of the file: gguf's reader + gguf.quants.dequantize, ggml layout."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    w = {}
+    for t in r.tensors:
+        shape = tuple(int(x) for x in reversed(t.shape.tolist()))  # ggml ne -> numpy [rows, cols]
+        w[t.name] = gguf.quants.dequantize(np.asarray(t.data), t.tensor_type).reshape(shape).astype(np.float32)
+    md = {f.name: f.contents() for f in r.fields.values() if not f.name.startswith("tokenizer.")}
+    return w, md
+
+
+def test_smollm2_dense_weights_equal_gguf_dequantize(smollm2, smollm2_path):
+    target, _ = smollm2
+    ref, md = _smollm2_reference(smollm2_path)
+    got = _dense_params(target.model)
+    cfg = target.model.args
+    for name, want in ref.items():
+        if ".attn_q." in name:
+            want = unpermute_rows(want, cfg.num_attention_heads)
+        elif ".attn_k." in name:
+            want = unpermute_rows(want, cfg.num_key_value_heads)
+        np.testing.assert_array_equal(got[hf_name(name)], want, err_msg=name)
+
+
+def _numpy_llama_logits(w: dict, md: dict, ids) -> np.ndarray:
+    """A float32 llama forward in numpy over the GGUF's own tensors (Q/K in ggml's permuted
+    layout, so RoPE rotates adjacent pairs, as ggml's rope mode 0 does)."""
+    f = np.float32
+    L = int(md["llama.block_count"])
+    nh, nkv = int(md["llama.attention.head_count"]), int(md["llama.attention.head_count_kv"])
+    eps, theta = f(md["llama.attention.layer_norm_rms_epsilon"]), float(md["llama.rope.freq_base"])
+    emb = w["token_embd.weight"]
+    x = emb[np.asarray(ids)]
+    T, H = x.shape
+    hd = H // nh
+    pos = np.arange(T, dtype=np.float64)[:, None]
+    ang = (pos * theta ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)).astype(f)  # [T, hd/2]
+    cos, sin = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+
+    def norm(v, g):
+        return (v / np.sqrt(np.mean(v * v, axis=-1, keepdims=True) + eps) * g).astype(f)
+
+    def rope(v):  # v [T, heads, hd], pairs (2i, 2i+1)
+        a, b = v[..., 0::2], v[..., 1::2]
+        out = np.empty_like(v)
+        out[..., 0::2], out[..., 1::2] = a * cos - b * sin, a * sin + b * cos
+        return out
+
+    mask = np.triu(np.full((T, T), -np.inf, dtype=f), 1)
+    for i in range(L):
+        p = f"blk.{i}."
+        h = norm(x, w[p + "attn_norm.weight"])
+        q = rope((h @ w[p + "attn_q.weight"].T).reshape(T, nh, hd))
+        k = rope((h @ w[p + "attn_k.weight"].T).reshape(T, nkv, hd))
+        v = (h @ w[p + "attn_v.weight"].T).reshape(T, nkv, hd)
+        rep = nh // nkv
+        k, v = np.repeat(k, rep, axis=1), np.repeat(v, rep, axis=1)
+        s = np.einsum("qhd,khd->hqk", q, k) / f(np.sqrt(hd)) + mask
+        s = np.exp(s - s.max(-1, keepdims=True))
+        a = np.einsum("hqk,khd->qhd", s / s.sum(-1, keepdims=True), v).reshape(T, H)
+        x = x + a @ w[p + "attn_output.weight"].T
+        h = norm(x, w[p + "ffn_norm.weight"])
+        g = h @ w[p + "ffn_gate.weight"].T
+        x = x + ((g / (1 + np.exp(-g))) * (h @ w[p + "ffn_up.weight"].T)) @ w[p + "ffn_down.weight"].T
+    head = w.get("output.weight", emb)
+    return norm(x, w["output_norm.weight"]) @ head.T
+
+
+def test_smollm2_dense_logits_match_numpy_float32_forward(smollm2, smollm2_path):
+    """The dense path computes in float32: logits within 1e-3 of an independent numpy forward
+    (with float16-rounded weights they were 0.05-0.07 off)."""
+    target, tok = smollm2
+    ids = tok.encode("def reverse(s):\n    return s[::-1]  # The capital of France is")
+    ref, md = _smollm2_reference(smollm2_path)
+    want = _numpy_llama_logits(ref, md, ids)
+    got, _ = target(mx.array([ids]), target.make_cache(), logits="all")
+    err = np.abs(np.array(got[0].astype(mx.float32)) - want).max()
+    print(f"max |logit - numpy float32| over {len(ids)} positions: {err:.2e}")
+    assert err < 1e-3

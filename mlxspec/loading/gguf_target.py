@@ -16,6 +16,9 @@ Tensor types:
   MLXSPEC_NATIVE_LOWBIT=0 or `load_gguf_target(..., native_lowbit=False)`).
 - K-quants and other types the `gguf` package can decode: dequantized to float16 with
   `gguf.quants.dequantize` (memory cost: 2 bytes per weight instead of ~0.5).
+- With `dense=True` (the float32 CPU path) nothing is rounded to float16: F32/BF16 and
+  `gguf`-dequantized tensors stay float32, and `dequantize_model` expands the affine layers
+  in float32 arithmetic, so every weight equals `gguf.quants.dequantize` bit for bit.
 - Anything else: an error naming each such tensor and its type.
 """
 
@@ -136,8 +139,10 @@ def _lowbit():
     return lowbit
 
 
-def convert_tensor(g: GGUFFile, info: TensorInfo) -> Converted:
+def convert_tensor(g: GGUFFile, info: TensorInfo, dense: bool = False) -> Converted:
+    """dense: the float32 CPU path; tensors that are dequantized here stay float32."""
     raw = g.raw(info) if info.nbytes >= 0 else None
+    wide = np.float32 if dense else np.float16
     t = info.type_id
     if t in _PLAIN:
         return Converted(array=np.frombuffer(raw, dtype=_PLAIN[t]).reshape(info.shape))
@@ -154,13 +159,15 @@ def convert_tensor(g: GGUFFile, info: TensorInfo) -> Converted:
         return Converted(wq=w, scales=s, biases=b, group_size=gs, bits=bits, note=note)
     if t in LOWBIT_TYPES:
         lb = _lowbit()
-        return Converted(array=lb.dequantize(t, raw, info.shape).astype(np.float16),
-                         note=f"{info.type_name} (not 2-D) dequantized to float16")
+        return Converted(array=lb.dequantize(t, raw, info.shape).astype(wide),
+                         note=f"{info.type_name} (not 2-D) dequantized to {np.dtype(wide).name}")
     try:
         import gguf
 
         qt = gguf.GGMLQuantizationType(t)
         arr = gguf.quants.dequantize(np.asarray(raw), qt).reshape(info.shape)
+        if dense:
+            return Converted(array=arr.astype(np.float32), note=f"{info.type_name} dequantized to float32")
         return Converted(array=arr.astype(np.float16), note=f"{info.type_name} dequantized to float16 (2 bytes per weight in memory)")
     except (ValueError, NotImplementedError, KeyError):
         raise _Unsupported(info)
@@ -240,7 +247,7 @@ def native_eligible(name: str, info: TensorInfo) -> bool:
             and name.endswith(".weight"))
 
 
-def load_gguf_weights(g: GGUFFile, cfg: dict, native: bool = False) -> tuple[dict, dict, list[str]]:
+def load_gguf_weights(g: GGUFFile, cfg: dict, native: bool = False, dense: bool = False) -> tuple[dict, dict, list[str]]:
     """-> (weights name -> np array, quantization per module prefix, notes).
 
     quantization: {"group_size", "bits"} for MLX affine layers; with `native`, {"native":
@@ -262,7 +269,7 @@ def load_gguf_weights(g: GGUFFile, cfg: dict, native: bool = False) -> tuple[dic
                 raw = np.asarray(g.raw(info)).reshape(info.shape[0], -1)
                 c = Converted(array=raw, note="")
             else:
-                c = convert_tensor(g, info)
+                c = convert_tensor(g, info, dense)
         except _Unsupported:
             unsupported.append(info)
             continue
@@ -336,10 +343,13 @@ def _module_at(model, path: str):
     return obj
 
 
-def load_gguf_target(path: str, native_lowbit: bool | None = None):
+def load_gguf_target(path: str, native_lowbit: bool | None = None, dense: bool = False):
     """-> (mlx-lm model, config dict, GGUFFile, notes).
 
-    native_lowbit: see `native_lowbit_enabled` (None = automatic)."""
+    native_lowbit: see `native_lowbit_enabled` (None = automatic).
+    dense: for the float32 dense path (`models.target.dequantize_model` follows): float
+    tensors and tensors dequantized here stay float32 instead of float16, so every weight
+    equals `gguf.quants.dequantize` exactly; MLX-quantized layers stay quantized."""
     import mlx.core as mx
     import mlx.nn as nn
     from mlx_lm.utils import _get_classes
@@ -349,7 +359,7 @@ def load_gguf_target(path: str, native_lowbit: bool | None = None):
     g = read_gguf(path)
     cfg = gguf_config(g)
     native = native_lowbit_enabled(native_lowbit)
-    weights, quant, notes = load_gguf_weights(g, cfg, native=native)
+    weights, quant, notes = load_gguf_weights(g, cfg, native=native, dense=dense)
     model_class, args_class = _get_classes(cfg)
     model = model_class(args_class.from_dict(cfg))
     natives = {p: q["native"] for p, q in quant.items() if "native" in q}
@@ -377,7 +387,7 @@ def load_gguf_target(path: str, native_lowbit: bool | None = None):
     arrays = {}
     for k, v in weights.items():
         a = mx.array(v)
-        if a.dtype == mx.float32 and v.ndim == 2 and k.endswith("weight"):
+        if a.dtype == mx.float32 and v.ndim == 2 and k.endswith("weight") and not dense:
             a = a.astype(mx.float16)  # dense matrices stored f32: run in f16 like mlx-lm
         arrays[k] = a
     model.load_weights(list(arrays.items()), strict=True)

@@ -48,7 +48,7 @@ def load_target(path: str | None = None, dense: bool | None = None) -> tuple[Tar
     else:
         from .gguf_target import load_gguf_target
 
-        model, config, g, notes = load_gguf_target(str(p))
+        model, config, g, notes = load_gguf_target(str(p), dense=dense)
         tok = load_gguf_tokenizer(g.metadata)
     if dense:
         dequantize_model(model, mx.float32)

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import kernels
 from ..models.dflash import DFlashModel, DraftOutput
-from ..models.target import Target, cache_length, trim_cache
+from ..models.target import Target, cache_length, dense_weight, trim_cache
 from .verify import SamplingParams, probs_from_logits, sample_token
 
 
@@ -57,12 +57,8 @@ def target_head_rows(target: Target, ids: mx.array | None) -> mx.array:
     """The target's LM-head rows (all, or the draft vocabulary's), dense float32."""
     m = target.model
     mod = m.lm_head if getattr(m, "lm_head", None) is not None else m.model.embed_tokens
-    if hasattr(mod, "scales"):
-        w = mx.dequantize(mod.weight, mod.scales, mod.biases, mod.group_size, mod.bits)
-    else:
-        w = mod.weight
-    w = w if ids is None else w[ids]
-    return w.astype(mx.float32)
+    w = dense_weight(mod, mx.float32)  # exact float32, never via float16
+    return w if ids is None else w[ids]
 
 
 class BlockDrafter:

@@ -300,12 +300,10 @@ def train(
 
 
 def _target_head(target) -> mx.array:
-    m = target.model
-    if getattr(m, "lm_head", None) is not None:
-        w = m.lm_head.weight
-    else:
-        w = m.model.embed_tokens.weight
-    return w.astype(mx.float32)
+    """The target's LM head, dense float32 (dequantized when the target is quantized)."""
+    from ..spec.drafters import target_head_rows
+
+    return target_head_rows(target, None)
 
 
 def _checkpoint(out: Path, model, opt, step, history, tc, cfg):
