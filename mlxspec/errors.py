@@ -5,8 +5,9 @@ The CLI prints it (no traceback) and exits with code 2.
 """
 
 
-class MlxspecError(Exception):
-    """A user-facing error: bad file, bad flag, incompatible models."""
+class MlxspecError(ValueError):
+    """A user-facing error: bad file, bad flag, incompatible models. A ValueError, so
+    `except ValueError` catches it too."""
 
     exit_code = 2
 

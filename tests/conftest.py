@@ -181,6 +181,11 @@ def write_gguf(path, tensors: dict, arch: str = "llama", tokenizer: bool = True,
         qtype = (types or {}).get(name, default_type if a.ndim == 2 else "F32")
         if isinstance(qtype, int):  # an id gguf does not know: F32 bytes under a placeholder
             tid, raw = qtype, np.ascontiguousarray(a, np.float32).view(np.uint8)
+            from mlxspec.loading.gguf_file import GGML_TYPES
+
+            if qtype in GGML_TYPES and a.ndim == 2:  # a known type: zero blocks of its real size
+                _, bs, bb = GGML_TYPES[qtype]
+                raw = np.zeros((a.shape[0], a.shape[1] // bs * bb), np.uint8)
         else:
             tid, raw = encode_tensor(qtype, a, rng)
         try:

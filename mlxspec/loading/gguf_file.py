@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import MlxspecError
+from ..validate import is_power_of_two, require_regular_file
 
 GGUF_MAGIC = b"GGUF"
 
@@ -143,15 +144,20 @@ class _Cursor:
                 size = _SCALARS[et][1]
                 arr = np.frombuffer(self.take(n * size), dtype=_NP[et]).copy()
                 return arr.tolist() if n <= 4096 else arr
-            return [self.value(et) for _ in range(n)]
+            if et == 9 and getattr(self, "depth", 0) >= 8:
+                raise MlxspecError(f"{self.path}: GGUF metadata arrays nested deeper than 8; the file is corrupt")
+            self.depth = getattr(self, "depth", 0) + 1
+            try:
+                return [self.value(et) for _ in range(n)]
+            finally:
+                self.depth -= 1
         raise MlxspecError(f"{self.path}: unknown GGUF metadata value type {t}; the file is corrupt")
 
 
 def read_gguf(path: str | os.PathLike) -> GGUFFile:
     """Parse header, metadata and tensor table. Tensor data stays on disk (memmap)."""
     path = os.fspath(path)
-    if not os.path.exists(path):
-        raise MlxspecError(f"{path}: no such file; check the path")
+    require_regular_file(path, "GGUF file")  # a FIFO would block forever
     size = os.path.getsize(path)
     with open(path, "rb") as f:
         head = f.read(4)
@@ -164,33 +170,85 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     if version not in (2, 3):
         raise MlxspecError(f"{path}: GGUF version {version} is not supported (2 and 3 are)")
     n_tensors, n_kv = cur.scalar(10), cur.scalar(10)
+    # each entry takes at least 12 (kv) / 24 (tensor info) bytes: larger counts are corrupt
+    if n_kv > size // 12 or n_tensors > size // 24:
+        raise MlxspecError(f"{path}: header claims {n_tensors} tensors and {n_kv} metadata keys, more than "
+                           f"a {size}-byte file can hold; the file is corrupt, download it again")
     metadata: dict[str, Any] = {}
     for _ in range(n_kv):
         key = cur.string()
+        if key in metadata:
+            raise MlxspecError(f"{path}: metadata key {key!r} appears twice; the file is corrupt, download it again")
         metadata[key] = cur.value(cur.scalar(4))
     raw_infos = []
     for _ in range(n_tensors):
         name = cur.string()
         nd = cur.scalar(4)
+        if not 1 <= nd <= MAX_DIMS:
+            raise MlxspecError(f"{path}: tensor {name!r} has {nd} dimensions (GGUF allows 1 to {MAX_DIMS}); "
+                               "the tensor table is corrupt, download the file again")
         ne = [cur.scalar(10) for _ in range(nd)]
         t = cur.scalar(4)
         off = cur.scalar(10)
         raw_infos.append((name, t, tuple(reversed(ne)), off))
-    align = int(metadata.get("general.alignment", 32))
+    align = metadata.get("general.alignment", 32)
+    if not is_power_of_two(align) or align > 1 << 30:
+        raise MlxspecError(f"{path}: general.alignment is {align!r}, expected a power of two; "
+                           "the file is corrupt, download it again")
     data_start = (cur.pos + align - 1) // align * align
-    tensors = []
+    tensors = validate_tensor_table(path, raw_infos, data_start, align, size)
+    return GGUFFile(path, version, metadata, tensors, mm)
+
+
+MAX_DIMS = 4  # GGML_MAX_DIMS
+
+
+def validate_tensor_table(path: str, raw_infos, data_start: int, align: int, size: int) -> list[TensorInfo]:
+    """Check the whole tensor table against the file before any data is read (as llama.cpp's
+    gguf.cpp does): unique names, positive dimensions without element-count overflow, rows
+    that are whole blocks of the type, aligned offsets, tensors laid out one after another in
+    table order (no overlaps, gaps or a type whose size disagrees with the layout), all inside
+    the file. Unknown types (size not computable) are kept for the loader to name."""
+    tensors: list[TensorInfo] = []
+    seen: set[str] = set()
+    expected = 0  # data offset where the next tensor must start (None after an unknown type)
     for name, t, shape, off in raw_infos:
-        n_el = int(np.prod(shape)) if shape else 1
+        fix = "the tensor table is corrupt, download the file again"
+        if name in seen:
+            raise MlxspecError(f"{path}: tensor {name} appears twice in the tensor table; {fix}")
+        seen.add(name)
+        n_el = 1
+        for d in shape:
+            if d < 1:
+                raise MlxspecError(f"{path}: tensor {name} has shape {list(shape)} with a dimension below 1; {fix}")
+            n_el *= d
+            if n_el > 1 << 62:
+                raise MlxspecError(f"{path}: tensor {name} has shape {list(shape)}: its element count overflows; {fix}")
+        if off % align:
+            raise MlxspecError(f"{path}: tensor {name} starts at data offset {off}, not a multiple of the "
+                               f"alignment {align}; {fix}")
         if t in GGML_TYPES:
-            _, bs, bb = GGML_TYPES[t]
+            tname, bs, bb = GGML_TYPES[t]
+            if shape[-1] % bs:
+                raise MlxspecError(f"{path}: tensor {name} ({tname}) has rows of {shape[-1]} values, not a whole "
+                                   f"number of {bs}-value blocks; {fix}")
             nbytes = n_el // bs * bb
         else:
             nbytes = -1  # unknown: size cannot be computed
+        if expected is not None and off != expected:
+            prev = tensors[-1]
+            raise MlxspecError(f"{path}: tensor {name} starts at data offset {off}, expected {expected} right after "
+                               f"{prev.name} ({prev.type_name}, {prev.nbytes} bytes by its type and shape): overlapping "
+                               f"or misplaced tensors, or a type that disagrees with the data size; {fix}")
+        if tensors and tensors[-1].nbytes < 0 and off < tensors[-1].offset - data_start:
+            raise MlxspecError(f"{path}: tensor {name} starts at data offset {off}, before the previous tensor; {fix}")
         info = TensorInfo(name, t, shape, data_start + off, nbytes)
-        if nbytes >= 0 and info.offset + nbytes > size:
+        end = info.offset + max(nbytes, 0)
+        if end > size:
             raise MlxspecError(
-                f"{path}: GGUF file is truncated: tensor {name} ends at byte {info.offset + nbytes} "
+                f"{path}: GGUF file is truncated: tensor {name} ends at byte {end} "
                 f"but the file has {size} bytes; download it again"
             )
+        expected = None if nbytes < 0 else off + (nbytes + align - 1) // align * align
         tensors.append(info)
-    return GGUFFile(path, version, metadata, tensors, mm)
+    return tensors

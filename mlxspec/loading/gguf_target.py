@@ -190,41 +190,101 @@ def gguf_config(g: GGUFFile) -> dict:
             f"supported: {', '.join(SUPPORTED_ARCHS)}"
         )
 
-    def get(key, default=None, required=True):
-        v = md.get(f"{arch}.{key}", default)
-        if v is None and required:
-            raise MlxspecError(f"{g.path}: metadata key {arch}.{key} is missing; the file is incomplete")
-        return v
+    from .. import validate as V
+
+    where = g.path
+
+    def i(key, lo=1, hi=V.MAX_DIM, **kw):
+        return V.get_int(md, f"{arch}.{key}", where, lo, hi, **kw)
 
     tmap = g.tensor_map()
-    n_head = int(get("attention.head_count"))
-    hidden = int(get("embedding_length"))
+    n_head = i("attention.head_count")
+    hidden = i("embedding_length")
+    n_kv = i("attention.head_count_kv", default=n_head)
+    if n_head % n_kv:
+        raise MlxspecError(f"{where}: {arch}.attention.head_count {n_head} is not a multiple of "
+                           f"{arch}.attention.head_count_kv {n_kv}; the file is corrupt or not a supported model")
+    if f"{arch}.attention.key_length" not in md and hidden % n_head:
+        raise MlxspecError(f"{where}: {arch}.embedding_length {hidden} is not a multiple of "
+                           f"{arch}.attention.head_count {n_head}; the file is corrupt or not a supported model")
+    head_dim = i("attention.key_length", default=hidden // n_head)
+    if head_dim % 2:
+        raise MlxspecError(f"{where}: head dimension {head_dim} is odd (RoPE needs an even one); "
+                           "the file is corrupt or not a supported model")
     emb = tmap.get("token_embd.weight")
-    vocab = int(md.get(f"{arch}.vocab_size") or (emb.shape[0] if emb else 0) or len(md.get("tokenizer.ggml.tokens", [])))
-    head_dim = int(get("attention.key_length", hidden // n_head, required=False))
+    if emb is None or len(emb.shape) != 2:
+        raise MlxspecError(f"{where}: tensor token_embd.weight is missing or not 2-D; the file is incomplete")
+    vocab = i("vocab_size", hi=V.MAX_VOCAB, default=emb.shape[0])
+    if vocab != emb.shape[0]:
+        raise MlxspecError(f"{where}: {arch}.vocab_size {vocab} disagrees with token_embd.weight's "
+                           f"{emb.shape[0]} rows; the file is corrupt")
     cfg = {
         "model_type": arch,
         "hidden_size": hidden,
-        "num_hidden_layers": int(get("block_count")),
-        "intermediate_size": int(get("feed_forward_length")),
+        "num_hidden_layers": i("block_count", hi=V.MAX_LAYERS),
+        "intermediate_size": i("feed_forward_length"),
         "num_attention_heads": n_head,
-        "num_key_value_heads": int(get("attention.head_count_kv", n_head, required=False)),
+        "num_key_value_heads": n_kv,
         "head_dim": head_dim,
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", 1e-6, required=False)),
+        "rms_norm_eps": V.get_float(md, f"{arch}.attention.layer_norm_rms_epsilon", where, 0, 1, default=1e-6,
+                                    lo_open=True),
         "vocab_size": vocab,
-        "rope_theta": float(get("rope.freq_base", 10000.0, required=False)),
+        "rope_theta": V.get_float(md, f"{arch}.rope.freq_base", where, 0, 1e12, default=10000.0, lo_open=True),
         "tie_word_embeddings": "output.weight" not in tmap,
-        "max_position_embeddings": int(get("context_length", 32768, required=False)),
+        "max_position_embeddings": i("context_length", hi=V.MAX_CONTEXT, default=32768),
     }
     if arch == "qwen2":
         cfg["attention_bias"] = "blk.0.attn_q.bias" in tmap
-    scaling = md.get(f"{arch}.rope.scaling.type")
+    scaling = V.get_str(md, f"{arch}.rope.scaling.type", where, default=None)
     if scaling and scaling != "none":
         if scaling == "linear":
-            cfg["rope_scaling"] = {"type": "linear", "factor": float(md[f"{arch}.rope.scaling.factor"])}
+            factor = V.get_float(md, f"{arch}.rope.scaling.factor", where, 0, 1e6, lo_open=True)
+            cfg["rope_scaling"] = {"type": "linear", "factor": factor}
         else:
             raise MlxspecError(f"{g.path}: rope scaling '{scaling}' is not supported yet; use a model without it")
     return cfg
+
+
+def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """llama.cpp tensor name -> shape (slowest axis first) the architecture in `cfg` needs."""
+    h, f, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    q, kv, hd = cfg["num_attention_heads"] * cfg["head_dim"], cfg["num_key_value_heads"] * cfg["head_dim"], cfg["head_dim"]
+    out = {"token_embd.weight": (v, h), "output.weight": (v, h), "output_norm.weight": (h,)}
+    for i in range(cfg["num_hidden_layers"]):
+        b = f"blk.{i}."
+        out.update({
+            b + "attn_norm.weight": (h,), b + "ffn_norm.weight": (h,),
+            b + "attn_q.weight": (q, h), b + "attn_k.weight": (kv, h), b + "attn_v.weight": (kv, h),
+            b + "attn_output.weight": (h, q), b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,),
+            b + "ffn_gate.weight": (f, h), b + "ffn_up.weight": (f, h), b + "ffn_down.weight": (h, f),
+            b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,),
+        })
+    return out
+
+
+def check_tensor_shapes(g: GGUFFile, cfg: dict) -> None:
+    """Every tensor the architecture knows must have the shape the metadata implies, and
+    every layer the metadata declares must have its tensors: checked before any data is
+    read or any module is built, with one line naming the tensor."""
+    want = expected_shapes(cfg)
+    tmap = g.tensor_map()
+    for t in g.tensors:
+        shape = want.get(t.name)
+        if shape is not None and tuple(t.shape) != shape:
+            raise MlxspecError(
+                f"{g.path}: tensor {t.name} has shape {list(t.shape)} but the metadata "
+                f"({cfg['model_type']}: hidden {cfg['hidden_size']}, ffn {cfg['intermediate_size']}, heads "
+                f"{cfg['num_attention_heads']}/{cfg['num_key_value_heads']}, head dim {cfg['head_dim']}, vocab "
+                f"{cfg['vocab_size']}) needs {list(shape)}; the file is corrupt or a different variant")
+    core = ("attn_norm", "ffn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    missing = [f"blk.{i}.{c}.weight" for i in range(cfg["num_hidden_layers"]) for c in core
+               if f"blk.{i}.{c}.weight" not in tmap]
+    missing += [n for n in ("token_embd.weight", "output_norm.weight") if n not in tmap]
+    missing = [f"{n} ({gguf_to_hf_name(n)})" for n in missing]
+    if missing:
+        raise MlxspecError(
+            f"{g.path}: the metadata declares {cfg['num_hidden_layers']} layers but tensors are missing: "
+            f"{', '.join(missing[:6])}{' ...' if len(missing) > 6 else ''}; the file is incomplete or corrupt")
 
 
 def _unpermute(x: np.ndarray, n_head: int) -> np.ndarray:
@@ -358,6 +418,7 @@ def load_gguf_target(path: str, native_lowbit: bool | None = None, dense: bool =
 
     g = read_gguf(path)
     cfg = gguf_config(g)
+    check_tensor_shapes(g, cfg)
     native = native_lowbit_enabled(native_lowbit)
     weights, quant, notes = load_gguf_weights(g, cfg, native=native, dense=dense)
     model_class, args_class = _get_classes(cfg)

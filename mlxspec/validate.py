@@ -1,0 +1,230 @@
+"""Validation at the place a value enters: file metadata, config files, flags, API arguments.
+
+Every check raises `MlxspecError` (a ValueError) with one line naming the value, what is
+wrong and what to do. The loaders, the CLI and the API call these helpers rather than
+converting with bare int()/float().
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+from .errors import MlxspecError
+
+_MISSING = object()
+
+# Sanity bounds for model dimensions read from files (far above any real model, far below
+# what would exhaust memory just to build the module tree).
+MAX_LAYERS = 1024
+MAX_DIM = 1 << 20  # hidden / intermediate sizes, head counts, head dims
+MAX_VOCAB = 1 << 24
+MAX_CONTEXT = 1 << 31
+MAX_BLOCK = 256  # drafter block size
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_num(v) -> bool:
+    return (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def _range(lo, hi, lo_open=False, hi_open=False) -> str:
+    if hi is None:
+        return f"{'>' if lo_open else '>='} {lo}"
+    return f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+
+
+def _in_range(v, lo, hi, lo_open=False, hi_open=False) -> bool:
+    if lo is not None and (v < lo or (lo_open and v == lo)):
+        return False
+    if hi is not None and (v > hi or (hi_open and v == hi)):
+        return False
+    return True
+
+
+def _show(v) -> str:
+    s = repr(v)
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+# ------------------------------------------------------------------ values from files
+
+def get_int(d: dict, key: str, where: str, lo: int | None = 0, hi: int | None = None, default=_MISSING,
+            fix: str = "the file is corrupt or not a supported model", integral_float: bool = False) -> int:
+    """An integer from a metadata / config mapping, type- and range-checked.
+
+    `integral_float`: accept 8.0 for 8 (JSON writers sometimes emit floats); 8.5 is refused."""
+    if not isinstance(d, dict):
+        raise MlxspecError(f"{where}: expected a key/value object, got {type(d).__name__}; {fix}")
+    v = d.get(key, _MISSING)
+    if v is _MISSING or v is None:
+        if default is _MISSING:
+            raise MlxspecError(f"{where}: key {key} is missing; {fix}")
+        return default
+    if integral_float and isinstance(v, float) and math.isfinite(v) and v == int(v):
+        v = int(v)
+    if not _is_int(v):
+        raise MlxspecError(f"{where}: {key} is {_show(v)} ({type(v).__name__}), expected an integer "
+                           f"{_range(lo, hi)}; {fix}")
+    if not _in_range(v, lo, hi):
+        raise MlxspecError(f"{where}: {key} is {v}, expected an integer {_range(lo, hi)}; {fix}")
+    return v
+
+
+def get_float(d: dict, key: str, where: str, lo: float | None = None, hi: float | None = None,
+              default=_MISSING, lo_open: bool = False, hi_open: bool = False,
+              fix: str = "the file is corrupt or not a supported model") -> float:
+    """A finite number from a metadata / config mapping, type- and range-checked."""
+    if not isinstance(d, dict):
+        raise MlxspecError(f"{where}: expected a key/value object, got {type(d).__name__}; {fix}")
+    v = d.get(key, _MISSING)
+    if v is _MISSING or v is None:
+        if default is _MISSING:
+            raise MlxspecError(f"{where}: key {key} is missing; {fix}")
+        return default
+    if not _is_num(v):
+        raise MlxspecError(f"{where}: {key} is {_show(v)} ({type(v).__name__}), expected a number "
+                           f"{_range(lo, hi, lo_open, hi_open)}; {fix}")
+    v = float(v)
+    if not math.isfinite(v) or not _in_range(v, lo, hi, lo_open, hi_open):
+        raise MlxspecError(f"{where}: {key} is {v}, expected a finite number {_range(lo, hi, lo_open, hi_open)}; {fix}")
+    return v
+
+
+def get_str(d: dict, key: str, where: str, default=_MISSING, choices=None,
+            fix: str = "the file is corrupt or not a supported model") -> str:
+    v = d.get(key, _MISSING)
+    if v is _MISSING or v is None:
+        if default is _MISSING:
+            raise MlxspecError(f"{where}: key {key} is missing; {fix}")
+        return default
+    if not isinstance(v, str):
+        raise MlxspecError(f"{where}: {key} is {_show(v)} ({type(v).__name__}), expected a string; {fix}")
+    if choices is not None and v not in choices:
+        raise MlxspecError(f"{where}: {key} is {v!r}, expected one of {', '.join(map(str, choices))}; {fix}")
+    return v
+
+
+def get_bool(d: dict, key: str, where: str, default=_MISSING,
+             fix: str = "the file is corrupt or not a supported model") -> bool:
+    v = d.get(key, _MISSING)
+    if v is _MISSING or v is None:
+        if default is _MISSING:
+            raise MlxspecError(f"{where}: key {key} is missing; {fix}")
+        return default
+    if not isinstance(v, bool):
+        raise MlxspecError(f"{where}: {key} is {_show(v)} ({type(v).__name__}), expected true or false; {fix}")
+    return v
+
+
+def get_int_list(d: dict, key: str, where: str, lo: int | None = 0, hi: int | None = None, default=_MISSING,
+                 unique: bool = False, min_len: int = 0, integral_float: bool = False,
+                 fix: str = "the file is corrupt or not a supported model") -> list[int]:
+    """A list of integers (each range-checked; optionally unique)."""
+    v = d.get(key, _MISSING)
+    if v is _MISSING or v is None:
+        if default is _MISSING:
+            raise MlxspecError(f"{where}: key {key} is missing; {fix}")
+        return default
+    if hasattr(v, "tolist") and not isinstance(v, (list, tuple)):
+        v = v.tolist()
+    if not isinstance(v, (list, tuple)):
+        raise MlxspecError(f"{where}: {key} is {_show(v)} ({type(v).__name__}), expected a list of integers; {fix}")
+    out = []
+    for x in v:
+        if integral_float and isinstance(x, float) and math.isfinite(x) and x == int(x):
+            x = int(x)
+        if not _is_int(x) or not _in_range(x, lo, hi):
+            raise MlxspecError(f"{where}: {key} holds {_show(x)}, expected integers {_range(lo, hi)}; {fix}")
+        out.append(x)
+    if len(out) < min_len:
+        raise MlxspecError(f"{where}: {key} has {len(out)} entries, expected at least {min_len}; {fix}")
+    if unique and len(set(out)) != len(out):
+        dup = sorted({x for x in out if out.count(x) > 1})
+        raise MlxspecError(f"{where}: {key} repeats {', '.join(map(str, dup))}; every entry must be distinct; {fix}")
+    return out
+
+
+# ------------------------------------------------------------------ flags and API arguments
+
+def check_int_arg(name: str, v, lo: int | None = None, hi: int | None = None, allow_none: bool = False) -> int | None:
+    """A flag / API integer argument: an int (not a bool) in range."""
+    if v is None and allow_none:
+        return None
+    if not _is_int(v) or not _in_range(v, lo, hi):
+        raise MlxspecError(f"{name} {_show(v)} is out of range: pass an integer {_range(lo, hi)}")
+    return v
+
+
+def check_float_arg(name: str, v, lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+                    hi_open: bool = False, allow_none: bool = False) -> float | None:
+    """A flag / API number argument: finite and in range."""
+    if v is None and allow_none:
+        return None
+    if not _is_num(v) or not math.isfinite(float(v)) or not _in_range(float(v), lo, hi, lo_open, hi_open):
+        raise MlxspecError(f"{name} {_show(v)} is out of range: pass a finite number {_range(lo, hi, lo_open, hi_open)}")
+    return float(v)
+
+
+# ------------------------------------------------------------------ files
+
+def require_regular_file(path: str | os.PathLike, what: str = "file") -> None:
+    """Refuse FIFOs, sockets, devices (opening a FIFO blocks forever) and missing paths.
+    Symlinks to regular files are fine."""
+    p = os.fspath(path)
+    try:
+        st = os.stat(p)
+    except FileNotFoundError:
+        raise MlxspecError(f"{p}: no such file; check the path") from None
+    except OSError as e:
+        raise MlxspecError(f"{p}: cannot read the {what}: {e.strerror}; check the path and permissions") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (FIFO, socket or device)"
+        raise MlxspecError(f"{p}: {kind}; pass a regular {what}")
+
+
+def read_json_object(path: str | os.PathLike, what: str = "config.json") -> dict:
+    """A JSON file that must hold an object; one-line errors for every way it can fail."""
+    import json
+
+    require_regular_file(path, what)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        obj = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise MlxspecError(f"{path}: not UTF-8 text; the {what} is corrupt") from None
+    except (ValueError, RecursionError) as e:
+        raise MlxspecError(f"{path}: invalid JSON ({str(e).splitlines()[0][:80]}); the {what} is corrupt") from None
+    except OSError as e:
+        raise MlxspecError(f"{path}: cannot read the {what}: {e.strerror}") from None
+    if not isinstance(obj, dict):
+        raise MlxspecError(f"{path}: holds a JSON {type(obj).__name__}, expected an object; the {what} is corrupt")
+    return obj
+
+
+def is_power_of_two(n: int) -> bool:
+    return _is_int(n) and n > 0 and (n & (n - 1)) == 0
+
+
+def check_finite_weights(arrays: dict, where: str) -> None:
+    """Refuse NaN / Inf in floating-point weights (they make every probability NaN)."""
+    import numpy as np
+
+    for name, a in arrays.items():
+        dt = getattr(a, "dtype", None)
+        try:
+            import mlx.core as mx
+
+            if isinstance(a, mx.array):
+                if mx.issubdtype(a.dtype, mx.floating) and not bool(mx.all(mx.isfinite(a)).item()):
+                    raise MlxspecError(f"{where}: tensor {name} holds NaN or Inf values; the weights are corrupt, re-export them")
+                continue
+        except ImportError:
+            pass
+        arr = np.asarray(a)
+        if dt is not None and np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
+            raise MlxspecError(f"{where}: tensor {name} holds NaN or Inf values; the weights are corrupt, re-export them")
