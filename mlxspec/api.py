@@ -20,6 +20,7 @@ from typing import Iterator
 import mlx.core as mx
 
 from .errors import MlxspecError
+from .validate import check_prompt_ids, check_sampling_args, check_spec_args
 from .models.target import Target
 from .spec.drafters import BlockDrafter, NoDrafter, SimpleDrafter
 from .spec.engine import SpecStats, generate_steps
@@ -108,6 +109,7 @@ def load_speculator(
 ) -> Speculator:
     if spec_type not in SPEC_TYPES:
         raise MlxspecError(f"--spec-type {spec_type!r} is not one of {', '.join(SPEC_TYPES)}")
+    check_spec_args(block_size, num_draft_tokens, p_min)
     target = as_target(target)
     if spec_type == "none" or (draft is None and spec_type == "auto"):
         return Speculator()
@@ -128,6 +130,9 @@ def load_speculator(
     from .loading.drafter import load_drafter
 
     dmodel, cfg = load_drafter(draft, target.info, requested=spec_type, log=log)
+    if num_draft_tokens is not None:
+        print(f"mlxspec: warning: --num-draft-tokens applies to draft-simple and ngram; the {cfg.lineage} "
+              "block drafter ignores it (use --block-size to shorten its block)", file=log)
     if block_size is not None:
         if block_size > cfg.block_size:
             raise MlxspecError(
@@ -180,11 +185,15 @@ def stream_generate(
     stop: list[str] | None = None,
 ) -> Iterator[GenerationResponse]:
     """Yield one GenerationResponse per token (stats accumulate as it goes)."""
+    check_sampling_args(max_tokens, temp, top_p, top_k, seed)
+    if stop is not None and (isinstance(stop, str) or not all(isinstance(x, str) for x in stop)):
+        raise MlxspecError(f"stop {stop!r}: pass a list of strings")
     target = as_target(model)
     spec = speculator or Speculator()
     ids = tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) else list(prompt)
     if not ids:
         raise MlxspecError("the prompt is empty; pass some text with --prompt")
+    ids = check_prompt_ids(ids, target.info.vocab_size, target.config.get("max_position_embeddings"), max_tokens)
     drafter = spec.make_drafter(target)
     sched = profile_for(target, drafter) if spec.schedule else None
     stats = SpecStats()

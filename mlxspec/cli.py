@@ -98,11 +98,23 @@ def cmd_generate(a) -> int:
     check_blas()
     if a.prompt is None:
         raise MlxspecError("no prompt: pass --prompt TEXT (or --prompt - to read stdin)")
-    prompt = sys.stdin.read() if a.prompt == "-" else a.prompt
+    from .validate import check_sampling_args, check_spec_args
+
+    check_sampling_args(a.max_tokens, a.temp, a.top_p, a.top_k, a.seed)  # before minutes of loading
+    check_spec_args(a.block_size, a.num_draft_tokens, a.p_min)
+    if a.system_prompt is not None and a.ignore_chat_template:
+        raise MlxspecError("--system-prompt needs the chat template; drop --ignore-chat-template "
+                           "or put the system text into --prompt")
+    prompt = read_stdin_prompt() if a.prompt == "-" else a.prompt
+    if not prompt.strip():
+        raise MlxspecError("the prompt is empty; pass some text with --prompt (or on stdin with --prompt -)")
     draft = None if a.draft in (None, "none") else a.draft
     if a.spec_type == "none":
         draft = None
     target, tok, spec = api.load(a.model, draft, a.spec_type, a.block_size, a.num_draft_tokens, a.p_min, a.schedule)
+    if a.system_prompt is not None and not tok.has_chat_template:
+        raise MlxspecError("--system-prompt needs a chat template and this model has none; "
+                           "put the system text into --prompt")
     if tok.has_chat_template and not a.ignore_chat_template:
         msgs = ([{"role": "system", "content": a.system_prompt}] if a.system_prompt else []) + [
             {"role": "user", "content": prompt}
@@ -119,6 +131,18 @@ def cmd_generate(a) -> int:
     if a.verbose and last is not None:
         print(api.footer(last))
     return 0
+
+
+def read_stdin_prompt() -> str:
+    """The prompt from stdin (--prompt -): UTF-8 text, or one line saying it is not."""
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MlxspecError(f"stdin is not UTF-8 text (invalid byte at offset {e.start}); "
+                           "pass the prompt as UTF-8") from None
 
 
 def cmd_inspect(a) -> int:

@@ -8,6 +8,7 @@ converting with bare int()/float().
 from __future__ import annotations
 
 import math
+import numbers
 import os
 import stat
 from .errors import MlxspecError
@@ -24,11 +25,11 @@ MAX_BLOCK = 256  # drafter block size
 
 
 def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 def _is_num(v) -> bool:
-    return (isinstance(v, (int, float)) and not isinstance(v, bool))
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
 def _range(lo, hi, lo_open=False, hi_open=False) -> str:
@@ -169,6 +170,38 @@ def check_float_arg(name: str, v, lo: float | None = None, hi: float | None = No
     return float(v)
 
 
+def check_sampling_args(max_tokens, temp, top_p, top_k, seed) -> None:
+    """The generation arguments shared by the CLI and the API."""
+    check_int_arg("max_tokens (--max-tokens)", max_tokens, 1)
+    check_float_arg("temp (--temp)", temp, 0.0)
+    check_float_arg("top_p (--top-p)", top_p, 0.0, 1.0, lo_open=True)
+    check_int_arg("top_k (--top-k)", top_k, 0)
+    check_int_arg("seed (--seed)", seed, 0, (1 << 63) - 1, allow_none=True)
+
+
+def check_spec_args(block_size, num_draft_tokens, p_min) -> None:
+    """The speculation arguments shared by the CLI and the API."""
+    check_int_arg("block_size (--block-size)", block_size, 1, MAX_BLOCK, allow_none=True)
+    check_int_arg("num_draft_tokens (--num-draft-tokens)", num_draft_tokens, 1, MAX_BLOCK, allow_none=True)
+    check_float_arg("p_min (--p-min)", p_min, 0.0, 1.0, allow_none=True)
+
+
+def check_prompt_ids(ids, vocab_size: int, context: int | None, max_tokens: int) -> list[int]:
+    """Token ids inside the vocabulary; prompt + max_tokens inside the context window."""
+    out = []
+    for t in ids:
+        if not _is_int(t) or not 0 <= t < vocab_size:
+            raise MlxspecError(f"prompt token id {_show(t)} is outside the vocabulary [0, {vocab_size}); "
+                               "pass ids from this model's tokenizer")
+        out.append(int(t))
+    if not out:
+        raise MlxspecError("the prompt is empty; pass some text with --prompt")
+    if context and len(out) + max_tokens > context:
+        raise MlxspecError(f"the prompt ({len(out)} tokens) plus max_tokens ({max_tokens}) exceeds the model's "
+                           f"context length ({context} tokens); shorten the prompt or lower --max-tokens")
+    return out
+
+
 # ------------------------------------------------------------------ files
 
 def require_regular_file(path: str | os.PathLike, what: str = "file") -> None:
@@ -228,3 +261,76 @@ def check_finite_weights(arrays: dict, where: str) -> None:
         arr = np.asarray(a)
         if dt is not None and np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
             raise MlxspecError(f"{where}: tensor {name} holds NaN or Inf values; the weights are corrupt, re-export them")
+
+
+# ------------------------------------------------------------------ values already looked up
+
+def as_int(v, key: str, where: str, lo: int | None = 0, hi: int | None = None, **kw) -> int:
+    """`get_int` for a value already looked up (None = missing)."""
+    return get_int({key: v}, key, where, lo, hi, **kw)
+
+
+def as_float(v, key: str, where: str, lo: float | None = None, hi: float | None = None, **kw) -> float:
+    return get_float({key: v}, key, where, lo, hi, **kw)
+
+
+def as_int_list(v, key: str, where: str, lo: int | None = 0, hi: int | None = None, **kw) -> list[int]:
+    return get_int_list({key: v}, key, where, lo, hi, **kw)
+
+
+_ST_SIZES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2, "BF16": 2,
+             "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+
+
+def check_safetensors(path: str | os.PathLike) -> None:
+    """Validate a safetensors file's header against the file before any tensor is read:
+    a JSON object within the file, known dtypes, shapes of non-negative integers, byte
+    ranges that match dtype x shape and tile the data section exactly (no overlaps, gaps
+    or out-of-file ranges)."""
+    import json
+    import struct
+
+    p = os.fspath(path)
+    require_regular_file(p, "safetensors file")
+    size = os.path.getsize(p)
+    fix = "the safetensors file is corrupt, download or export it again"
+    with open(p, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise MlxspecError(f"{p}: {size} bytes, too short for a safetensors header; {fix}")
+        (n,) = struct.unpack("<Q", head)
+        if n > min(size - 8, 100 << 20):
+            raise MlxspecError(f"{p}: header length {n} does not fit the {size}-byte file; {fix}")
+        raw = f.read(n)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise MlxspecError(f"{p}: the header is not valid JSON; {fix}") from None
+    if not isinstance(header, dict):
+        raise MlxspecError(f"{p}: the header is not a JSON object; {fix}")
+    ranges = []
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        if not (isinstance(e, dict) and e.get("dtype") in _ST_SIZES and isinstance(e.get("shape"), list)
+                and isinstance(e.get("data_offsets"), list) and len(e["data_offsets"]) == 2
+                and all(_is_int(x) and x >= 0 for x in e["shape"] + e["data_offsets"])):
+            raise MlxspecError(f"{p}: tensor {name}: malformed entry {_show(e)}; {fix}")
+        b, end = e["data_offsets"]
+        n_el = 1
+        for d in e["shape"]:
+            n_el *= d
+        if end < b or end - b != n_el * _ST_SIZES[e["dtype"]]:
+            raise MlxspecError(f"{p}: tensor {name} ({e['dtype']} {e['shape']}) spans bytes {b}..{end}, "
+                               f"expected {n_el * _ST_SIZES[e['dtype']]} bytes; {fix}")
+        ranges.append((b, end, name))
+    ranges.sort()
+    pos = 0
+    for b, end, name in ranges:
+        if b != pos:
+            raise MlxspecError(f"{p}: tensor {name} starts at data byte {b}, expected {pos} "
+                               f"({'overlapping' if b < pos else 'a gap between'} tensors); {fix}")
+        pos = end
+    if 8 + n + pos != size:
+        raise MlxspecError(f"{p}: the tensors end at byte {8 + n + pos} but the file has {size} bytes "
+                           f"({'truncated' if 8 + n + pos > size else 'trailing data'}); {fix}")

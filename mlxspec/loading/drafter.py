@@ -341,6 +341,38 @@ def validate_against_target(cfg: DrafterConfig, info: TargetInfo, path: str) -> 
         )
 
 
+def check_drafter(raw: RawDrafter) -> None:
+    """Ranges every format must satisfy, checked once after reading (the readers type-check
+    each value where it enters): block size, distinct taps, positive rope base and eps,
+    head counts, finite weights, reduced-vocabulary ids inside the vocabulary."""
+    import math
+
+    from ..validate import MAX_BLOCK, check_finite_weights
+
+    cfg, path = raw.cfg, raw.path
+    lo = 1 if cfg.sample_from_anchor else 2
+    if not lo <= cfg.block_size <= MAX_BLOCK:
+        raise MlxspecError(f"{path}: block_size {cfg.block_size} is outside [{lo}, {MAX_BLOCK}] for this layout; "
+                           "the drafter config is corrupt")
+    if len(set(cfg.target_layer_ids)) != len(cfg.target_layer_ids) or not cfg.target_layer_ids:
+        raise MlxspecError(f"{path}: tap ids {list(cfg.target_layer_ids)} must be distinct and non-empty; "
+                           "the drafter config is corrupt")
+    for name in ("rope_theta", "rms_norm_eps"):
+        v = getattr(cfg, name)
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+            raise MlxspecError(f"{path}: {name} {v!r} must be a finite number > 0; the drafter config is corrupt")
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise MlxspecError(f"{path}: {cfg.num_attention_heads} attention heads are not a multiple of "
+                           f"{cfg.num_key_value_heads} key/value heads; the drafter config is corrupt")
+    check_finite_weights({k: v for k, v in raw.weights.items() if k != "d2t"}, path)
+    d2t = raw.weights.get("d2t")
+    if d2t is not None:
+        ids = np.arange(d2t.shape[0]) + np.asarray(d2t).astype(np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= cfg.vocab_size):
+            raise MlxspecError(f"{path}: d2t maps draft ids to target ids {int(ids.min())}..{int(ids.max())}, outside "
+                               f"the vocabulary [0, {cfg.vocab_size}); the drafter weights are corrupt")
+
+
 # ----------------------------------------------------------------------------- entry points
 
 def init_line(cfg: DrafterConfig, layout_from: str) -> str:
@@ -392,6 +424,7 @@ def load_drafter(path, target_info: TargetInfo | None = None, requested: str = "
     )
     cfg.source_format = raw.fmt
     cfg.extra["layout_from"] = layout_from
+    check_drafter(raw)
     if target_info is not None:
         validate_against_target(cfg, target_info, raw.path)
     model = build_model(raw)

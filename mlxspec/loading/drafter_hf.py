@@ -23,9 +23,12 @@ import os
 import mlx.core as mx
 import numpy as np
 
+from .. import validate as V
 from ..errors import MlxspecError
 from ..models.dflash import DrafterConfig
-from .drafter import RawDrafter, claim_tensors, model_tensors, to_mx
+from .drafter import RawDrafter, claim_tensors, model_tensors, parse_flag, to_mx
+
+_FIX = "fix the drafter's config.json or download the drafter again"
 
 # transformers Qwen3Config defaults (what a config without these keys means)
 QWEN3_DEFAULTS = {
@@ -55,11 +58,7 @@ def _load_config(path: str) -> dict:
     cfg_path = os.path.join(path, "config.json")
     if not os.path.exists(cfg_path):
         raise MlxspecError(f"{path}: no config.json; pass a drafter directory (z-lab, DeepSpec or speculators)")
-    try:
-        with open(cfg_path) as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise MlxspecError(f"{cfg_path}: not valid JSON ({e}); download the drafter again")
+    return V.read_json_object(cfg_path, "drafter config.json")
 
 
 def detect_format(config: dict, path: str) -> str:
@@ -89,7 +88,13 @@ def _read_tensors(path: str) -> dict:
         raise MlxspecError(f"{path}: no *.safetensors weights{hint}")
     out: dict = {}
     for fp in files:
-        for name, arr in mx.load(fp).items():
+        V.check_safetensors(fp)  # header, offsets, sizes: mx.load trusts them
+        try:
+            loaded = mx.load(fp)
+        except (RuntimeError, ValueError, OSError) as e:
+            raise MlxspecError(f"{fp}: cannot read the safetensors file ({str(e).splitlines()[0][:100]}); "
+                               "download the drafter again") from None
+        for name, arr in loaded.items():
             key = sanitize(name)
             if key in out:
                 raise MlxspecError(f"{fp}: tensor {name} appears twice in the directory; remove the stale shard")
@@ -114,9 +119,9 @@ def rope_theta(c: dict, path: str, default: float | None) -> float:
             "use a drafter trained with plain RoPE"
         )
     if "rope_theta" in c:
-        return float(c["rope_theta"])
+        return V.get_float(c, "rope_theta", path, 0, 1e12, lo_open=True, fix=_FIX)
     if isinstance(rp, dict) and "rope_theta" in rp:
-        return float(rp["rope_theta"])
+        return V.get_float(rp, "rope_theta", path, 0, 1e12, lo_open=True, fix=_FIX)
     if default is None:
         raise MlxspecError(f"{path}: config.json has neither rope_theta nor rope_parameters.rope_theta")
     return float(default)
@@ -138,24 +143,31 @@ def _backbone(c: dict, path: str) -> dict:
         )
     if c.get("is_causal"):
         raise MlxspecError(f"{path}: causal block attention (is_causal: true) is not supported; DFlash blocks are non-causal")
-    g = lambda k: c.get(k, QWEN3_DEFAULTS.get(k))  # noqa: E731
-    hidden, heads = int(g("hidden_size")), int(g("num_attention_heads"))
+    if not isinstance(c, dict):
+        raise MlxspecError(f"{path}: transformer_layer_config is {type(c).__name__}, expected an object; {_FIX}")
+    merged = {**{k: v for k, v in QWEN3_DEFAULTS.items() if v is not None}, **{k: v for k, v in c.items() if v is not None}}
+
+    def g(k, hi=V.MAX_DIM):
+        return V.get_int(merged, k, path, 1, hi, integral_float=True, fix=_FIX)
+
+    hidden, heads = g("hidden_size"), g("num_attention_heads")
     return dict(
         hidden_size=hidden,
-        intermediate_size=int(g("intermediate_size")),
-        num_hidden_layers=int(g("num_hidden_layers")),
+        intermediate_size=g("intermediate_size"),
+        num_hidden_layers=g("num_hidden_layers", V.MAX_LAYERS),
         num_attention_heads=heads,
-        num_key_value_heads=int(c.get("num_key_value_heads") or heads),
-        head_dim=int(c.get("head_dim") or hidden // heads),
-        rms_norm_eps=float(g("rms_norm_eps")),
-        vocab_size=int(g("vocab_size")),
+        num_key_value_heads=V.get_int(merged, "num_key_value_heads", path, 1, V.MAX_DIM, default=heads,
+                                      integral_float=True, fix=_FIX),
+        head_dim=V.get_int(merged, "head_dim", path, 1, V.MAX_DIM, default=max(hidden // heads, 1),
+                           integral_float=True, fix=_FIX),
+        rms_norm_eps=V.get_float(merged, "rms_norm_eps", path, 0, 1, lo_open=True, fix=_FIX),
+        vocab_size=g("vocab_size", V.MAX_VOCAB),
     )
 
 
-def _flag(v) -> bool:
-    if isinstance(v, str):
-        return v.strip().lower() == "true"
-    return bool(v)
+def _flag(v, key: str, path: str) -> bool:
+    """Strict: true/false, 1/0, yes/no ... (`drafter.parse_flag`); anything else is refused."""
+    return parse_flag(v, key, path)
 
 
 def read_hf_drafter(path: str) -> RawDrafter:
@@ -173,9 +185,11 @@ def read_hf_drafter(path: str) -> RawDrafter:
         dims = _backbone(base, path)
         theta = rope_theta(base, path, QWEN3_DEFAULTS["rope_theta"])
         aux = _need(config, "aux_hidden_state_layer_ids", "", path)
-        taps = [int(t) - 1 for t in aux]  # speculators counts hidden_states, i.e. tap id + 1
-        mask = int(_need(config, "mask_token_id", "", path))
-        block = int(config.get("block_size", 8))
+        aux = V.as_int_list(aux, "aux_hidden_state_layer_ids", path, 0, V.MAX_LAYERS, unique=True, min_len=1,
+                            integral_float=True, fix=_FIX)
+        taps = [t - 1 for t in aux]  # speculators counts hidden_states, i.e. tap id + 1
+        mask = V.get_int(config, "mask_token_id", path, 0, V.MAX_VOCAB, integral_float=True, fix=_FIX)
+        block = V.get_int(config, "block_size", path, 1, V.MAX_BLOCK, default=8, integral_float=True, fix=_FIX)
         layout_key, layout_value = "sample_from_anchor", config.get("sample_from_anchor")
         th = config.get("target_hidden_size")
         if th is not None and int(th) != dims["hidden_size"]:
@@ -214,7 +228,10 @@ def read_hf_drafter(path: str) -> RawDrafter:
             layout_key, layout_value = "sample_from_anchor", config.get("sample_from_anchor")
             extra["num_target_layers"] = config.get("num_target_layers")
             extra["num_anchors"] = config.get("num_anchors")
-        taps, mask, block = [int(t) for t in taps], int(mask), int(block)
+        taps = V.as_int_list(taps, "target_layer_ids", path, -1, V.MAX_LAYERS, unique=True, min_len=1,
+                             integral_float=True, fix=_FIX)
+        mask = V.as_int(mask, "mask_token_id", path, 0, V.MAX_VOCAB, integral_float=True, fix=_FIX)
+        block = V.as_int(block, "block_size", path, 1, V.MAX_BLOCK, integral_float=True, fix=_FIX)
 
     H = dims["hidden_size"]
     # -- DSpark features: a present key must agree with the tensors; absent keys mean
@@ -223,7 +240,7 @@ def read_hf_drafter(path: str) -> RawDrafter:
     infer = fmt == "speculators"
     w1 = shapes.get("markov_head.markov_w1.weight")
     if "markov_rank" in config:
-        rank = int(config["markov_rank"])
+        rank = V.get_int(config, "markov_rank", path, 0, V.MAX_DIM, integral_float=True, fix=_FIX)
         notes["Markov head"] = f"config markov_rank={rank}"
     else:
         rank = int(w1[1]) if (infer and w1 is not None and len(w1) == 2) else 0
@@ -241,18 +258,19 @@ def read_hf_drafter(path: str) -> RawDrafter:
     notes["gated/rnn Markov head"] = f"markov_head_type={head_type}"
     conf_w = shapes.get("confidence_head.proj.weight")
     if "enable_confidence_head" in config:
-        conf = _flag(config["enable_confidence_head"])
+        conf = _flag(config["enable_confidence_head"], "enable_confidence_head", path)
         notes["confidence head"] = f"config enable_confidence_head={'true' if conf else 'false'}"
     else:
         conf = bool(infer and conf_w is not None)
         notes["confidence head"] = "inferred from the tensors" if infer else "config has no enable_confidence_head"
     if "confidence_head_with_markov" in config and config["confidence_head_with_markov"] is not None:
-        with_markov = _flag(config["confidence_head_with_markov"])
+        with_markov = _flag(config["confidence_head_with_markov"], "confidence_head_with_markov", path)
     else:
         with_markov = bool(conf_w is None or len(conf_w) != 2 or conf_w[1] != H)
-    log_snr = _flag(config.get("log_snr_conditioning", False))
+    log_snr = _flag(config.get("log_snr_conditioning", False), "log_snr_conditioning", path)
     notes["log-SNR conditioning"] = f"config log_snr_conditioning={'true' if log_snr else 'false or absent'}"
-    min_snr, max_snr = float(config.get("min_log_snr", -9.0)), float(config.get("max_log_snr", 9.0))
+    min_snr = V.get_float(config, "min_log_snr", path, default=-9.0, fix=_FIX)
+    max_snr = V.get_float(config, "max_log_snr", path, default=9.0, fix=_FIX)
     if log_snr and not max_snr > min_snr:
         raise MlxspecError(f"{path}: max_log_snr {max_snr} must be greater than min_log_snr {min_snr}")
 
@@ -294,7 +312,7 @@ def read_hf_drafter(path: str) -> RawDrafter:
         extra=extra,
     )
     if layout_value is not None:
-        layout_value = _flag(layout_value)
+        layout_value = _flag(layout_value, layout_key, path)
     claimed = claim_tensors(path, cfg, shapes, to_model=lambda f: f, to_file=hf_name, notes=notes,
                             extra_claimed=extra_claimed)
     weights = {m: to_mx(m, tensors[f]) for f, m in claimed.items()}

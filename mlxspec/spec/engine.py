@@ -27,7 +27,7 @@ import numpy as np
 
 from ..models.target import Target, cache_length, trim_cache
 from .drafters import Drafter, NoDrafter
-from .verify import SamplingParams, accept_greedy, accept_sampled, probs_from_logits, sample_token
+from .verify import SamplingParams, accept_greedy, argmax_finite, accept_sampled, probs_from_logits, sample_token
 
 
 class InvariantError(AssertionError):
@@ -190,7 +190,7 @@ def generate_steps(
                                 logits="all" if drafts else "last")
         # 4. accept
         if sampling.greedy:
-            am = mx.argmax(vlogits[0], axis=-1)
+            am = argmax_finite(vlogits[0])
             mx.eval(am)
             a, nxt = accept_greedy(drafts, am.tolist())
         else:
@@ -230,7 +230,7 @@ def generate_steps(
 
 def _pick(logits: mx.array, sp: SamplingParams, rng) -> int:
     if sp.greedy:
-        return int(mx.argmax(logits).item())
+        return int(argmax_finite(logits).item())
     p = probs_from_logits(logits[None], sp)
     return sample_token(np.asarray(p[0]), rng)
 

@@ -53,6 +53,23 @@ def probs_from_logits(logits: mx.array, sp: SamplingParams) -> mx.array:
     return p
 
 
+def _nonfinite() -> Exception:
+    from ..errors import MlxspecError
+
+    return MlxspecError("the target produced non-finite (NaN/Inf) logits or probabilities; its weights are "
+                        "corrupt or overflow in this precision: re-download or re-convert the model")
+
+
+def argmax_finite(logits: mx.array) -> mx.array:
+    """argmax over the last axis, refusing NaN/Inf logits (their argmax is meaningless)."""
+    am = mx.argmax(logits, axis=-1)
+    ok = mx.all(mx.isfinite(logits))
+    mx.eval(am, ok)
+    if not ok.item():
+        raise _nonfinite()
+    return am
+
+
 def accept_greedy(draft: list[int], target_argmax: list[int]) -> tuple[int, int]:
     """draft [n]; target_argmax [n+1] (row i = the target's choice after i drafts).
 
@@ -76,8 +93,12 @@ def accept_sampled(
     or the bonus drawn from p[n] when all n are accepted).
     """
     n = len(draft)
+    if not np.isfinite(p).all():
+        raise _nonfinite()
     for i in range(n):
         d = draft[i]
+        if not np.isfinite(q[i]).all():  # a broken draft row proposes nothing: sample the target here
+            return i, int(_draw(p[i], rng))
         pi, qi = float(p[i, d]), float(q[i, d])
         if qi > 0 and rng.random() * qi < pi:  # u < p/q without dividing
             continue
@@ -91,6 +112,8 @@ def accept_sampled(
 
 def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
     c = np.cumsum(probs, dtype=np.float64)
+    if not (np.isfinite(c[-1]) and c[-1] > 0) or (probs < 0).any():
+        raise _nonfinite()  # never emit a token (the last id) from NaN or all-zero probabilities
     return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(c) - 1))
 
 
