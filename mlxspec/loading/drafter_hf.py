@@ -26,7 +26,7 @@ import numpy as np
 from .. import validate as V
 from ..errors import MlxspecError
 from ..models.dflash import DrafterConfig
-from .drafter import RawDrafter, claim_tensors, model_tensors, parse_flag, to_mx
+from .drafter import RawDrafter, claim_tensors, model_tensors, to_mx
 
 _FIX = "fix the drafter's config.json or download the drafter again"
 
@@ -165,9 +165,11 @@ def _backbone(c: dict, path: str) -> dict:
     )
 
 
-def _flag(v, key: str, path: str) -> bool:
-    """Strict: true/false, 1/0, yes/no ... (`drafter.parse_flag`); anything else is refused."""
-    return parse_flag(v, key, path)
+
+def _flag(v) -> bool:
+    if isinstance(v, str):
+        return v.strip().lower() == "true"
+    return bool(v)
 
 
 def read_hf_drafter(path: str) -> RawDrafter:
@@ -233,6 +235,7 @@ def read_hf_drafter(path: str) -> RawDrafter:
         mask = V.as_int(mask, "mask_token_id", path, 0, V.MAX_VOCAB, integral_float=True, fix=_FIX)
         block = V.as_int(block, "block_size", path, 1, V.MAX_BLOCK, integral_float=True, fix=_FIX)
 
+
     H = dims["hidden_size"]
     # -- DSpark features: a present key must agree with the tensors; absent keys mean
     # "off" for z-lab / DeepSpec and "as the tensors say" for speculators, whose class
@@ -258,16 +261,16 @@ def read_hf_drafter(path: str) -> RawDrafter:
     notes["gated/rnn Markov head"] = f"markov_head_type={head_type}"
     conf_w = shapes.get("confidence_head.proj.weight")
     if "enable_confidence_head" in config:
-        conf = _flag(config["enable_confidence_head"], "enable_confidence_head", path)
+        conf = _flag(config["enable_confidence_head"])
         notes["confidence head"] = f"config enable_confidence_head={'true' if conf else 'false'}"
     else:
         conf = bool(infer and conf_w is not None)
         notes["confidence head"] = "inferred from the tensors" if infer else "config has no enable_confidence_head"
     if "confidence_head_with_markov" in config and config["confidence_head_with_markov"] is not None:
-        with_markov = _flag(config["confidence_head_with_markov"], "confidence_head_with_markov", path)
+        with_markov = _flag(config["confidence_head_with_markov"])
     else:
         with_markov = bool(conf_w is None or len(conf_w) != 2 or conf_w[1] != H)
-    log_snr = _flag(config.get("log_snr_conditioning", False), "log_snr_conditioning", path)
+    log_snr = _flag(config.get("log_snr_conditioning", False))
     notes["log-SNR conditioning"] = f"config log_snr_conditioning={'true' if log_snr else 'false or absent'}"
     min_snr = V.get_float(config, "min_log_snr", path, default=-9.0, fix=_FIX)
     max_snr = V.get_float(config, "max_log_snr", path, default=9.0, fix=_FIX)
@@ -312,7 +315,7 @@ def read_hf_drafter(path: str) -> RawDrafter:
         extra=extra,
     )
     if layout_value is not None:
-        layout_value = _flag(layout_value, layout_key, path)
+        layout_value = _flag(layout_value)
     claimed = claim_tensors(path, cfg, shapes, to_model=lambda f: f, to_file=hf_name, notes=notes,
                             extra_claimed=extra_claimed)
     weights = {m: to_mx(m, tensors[f]) for f, m in claimed.items()}
