@@ -183,8 +183,16 @@ def stream_generate(
     top_k: int = 0,
     seed: int | None = 0,
     stop: list[str] | None = None,
+    *,
+    drafter=None,
+    cache: list | None = None,
 ) -> Iterator[GenerationResponse]:
-    """Yield one GenerationResponse per token (stats accumulate as it goes)."""
+    """Yield one GenerationResponse per token (stats accumulate as it goes).
+
+    drafter: use this drafter instead of a new one from the speculator; cache: a target
+    cache holding a prefix of the prompt to continue (see `generate_steps`; mlxspec serve's
+    prompt cache).
+    """
     check_sampling_args(max_tokens, temp, top_p, top_k, seed)
     if stop is not None and (isinstance(stop, str) or not all(isinstance(x, str) for x in stop)):
         raise MlxspecError(f"stop {stop!r}: pass a list of strings")
@@ -194,7 +202,7 @@ def stream_generate(
     if not ids:
         raise MlxspecError("the prompt is empty; pass some text with --prompt")
     ids = check_prompt_ids(ids, target.info.vocab_size, target.config.get("max_position_embeddings"), max_tokens)
-    drafter = spec.make_drafter(target)
+    drafter = spec.make_drafter(target) if drafter is None else drafter
     sched = profile_for(target, drafter) if spec.schedule else None
     stats = SpecStats()
     sp = SamplingParams(temp, top_p, top_k)
@@ -204,7 +212,8 @@ def stream_generate(
     text_so_far, sent, emitted = "", 0, 0  # with stop strings: text seen / already yielded
     stop = [s for s in (stop or []) if s]
     mx.reset_peak_memory()
-    steps = generate_steps(target, ids, drafter, max_tokens, sp, seed, eos, spec.p_min, sched, spec.num_draft_tokens, stats)
+    steps = generate_steps(target, ids, drafter, max_tokens, sp, seed, eos, spec.p_min, sched, spec.num_draft_tokens, stats,
+                           cache=cache)
     finished = False
     for committed in steps:
         for j, tok in enumerate(committed):

@@ -72,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import add_bench_args
 
     add_bench_args(b)
+
+    s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with speculative decoding and a prompt cache")
+    from .server.app import add_serve_args
+
+    add_serve_args(s)
     return ap
 
 
@@ -182,6 +187,10 @@ def main(argv=None) -> int:
             from .bench import cmd_bench
 
             return cmd_bench(a)
+        if a.cmd == "serve":
+            from .server.app import cmd_serve
+
+            return cmd_serve(a)
     except MlxspecError as e:
         print(f"mlxspec: error: {e}", file=sys.stderr)
         return 2

@@ -141,21 +141,32 @@ def generate_steps(
     max_drafts: int | None = None,
     stats: SpecStats | None = None,
     check_invariants: bool = True,
+    *,
+    cache: list | None = None,
 ) -> Iterator[list[int]]:
     """Yield the tokens committed at each step (the first yield is the prefill's token).
 
     Stops after an EOS token (included), or at max_tokens.
+
+    cache: a target cache to continue instead of a fresh one (the server's prompt cache):
+    it already holds the first cache_length(cache) tokens of prompt_ids (fewer than all
+    of them) and only the rest is prefilled; the drafter's `begin` then gets the taps of
+    the uncached part only, so its caller must supply the prefix's context. The cache is
+    updated in place.
     """
     drafter = drafter or NoDrafter()
     stats = stats if stats is not None else SpecStats()
     rng = np.random.default_rng(seed)
     taps = tuple(drafter.taps)
-    cache = target.make_cache()
+    cache = target.make_cache() if cache is None else cache
+    n_cached = cache_length(cache)
     if not prompt_ids:
         raise ValueError("empty prompt")
+    if n_cached >= len(prompt_ids):
+        raise ValueError(f"the cache holds {n_cached} tokens; at least one of the {len(prompt_ids)} prompt tokens must remain to prefill")
 
     t0 = time.perf_counter()
-    logits, ptaps = target(mx.array([prompt_ids]), cache, taps=taps, logits="last")
+    logits, ptaps = target(mx.array([prompt_ids[n_cached:]]), cache, taps=taps, logits="last")
     first = _pick(logits[0, -1], sampling, rng)
     stats.prompt_tokens, stats.prompt_time = len(prompt_ids), time.perf_counter() - t0
     drafter.begin(prompt_ids, ptaps)

@@ -1,0 +1,363 @@
+"""`mlxspec serve` end to end: a real server process on 127.0.0.1, driven by the official
+`openai` client (and raw HTTP for malformed requests), with the default SmolLM2 target and
+the shipped DSpark drafter. Outputs are checked against `mlxspec generate` run as a command.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+KEY = "test-key-123"
+PROMPT = "Write a Python function that reverses a string."
+SAMPLED = dict(temperature=0.8, top_p=0.9, seed=7)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cli_generate(*args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "mlxspec.cli", "generate", "--verbose", "False", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path, tmp_path_factory):
+    port = _free_port()
+    log_path = tmp_path_factory.mktemp("serve") / "server.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlxspec.cli", "serve", "--port", str(port), "--api-key", KEY,
+         "--max-queue", "4", "--max-body-bytes", "64K", "--max-tokens-limit", "1024"],
+        stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 180
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
+            try:
+                st, _, body = _raw(port, "GET", "/health")
+                if st == 200:
+                    break
+            except OSError:
+                pass
+            if time.time() > deadline:
+                pytest.fail("server did not come up within 180 s")
+            time.sleep(0.5)
+        model_id = json.loads(body)["model"]
+        yield {"port": port, "proc": proc, "model": model_id, "log": log_path}
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_path):
+    """`mlxspec generate` (same defaults as the server: shipped DSpark drafter), greedy and sampled."""
+    g = _cli_generate("--prompt", PROMPT, "--max-tokens", "24")
+    s = _cli_generate("--prompt", PROMPT, "--max-tokens", "12", "--temp", "0.8", "--top-p", "0.9", "--seed", "7")
+    out = {}
+    for name, p in (("greedy", g), ("sampled", s)):
+        stdout, stderr = p.communicate(timeout=300)
+        assert p.returncode == 0, stderr
+        assert stdout.endswith("\n")
+        out[name] = stdout[:-1]
+    return out
+
+
+def _client(server, key=KEY):
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{server['port']}/v1", api_key=key, max_retries=0, timeout=120)
+
+
+def _raw(port, method, path, body=None, headers=None):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    h = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    h.update(headers or {})
+    if isinstance(body, (dict, list)):
+        body = json.dumps(body)
+    c.request(method, path, body=body, headers=h)
+    r = c.getresponse()
+    data = r.read().decode()
+    c.close()
+    return r.status, dict(r.getheaders()), data
+
+
+def _chat(client, model, prompt=PROMPT, **kw):
+    return client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}], **kw)
+
+
+def _stream_text(stream):
+    text, finish, usage, chunks = "", None, None, 0
+    for ch in stream:
+        chunks += 1
+        if ch.usage is not None:
+            usage = ch.usage
+        for c in ch.choices:
+            piece = c.delta.content if hasattr(c, "delta") else c.text
+            text += piece or ""
+            finish = c.finish_reason or finish
+    return text, finish, usage, chunks
+
+
+def _assert_error(status, body, want_status, want_code=None):
+    assert status == want_status, body
+    assert "Traceback" not in body
+    err = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    if want_code:
+        assert err["code"] == want_code, err
+
+
+# ----------------------------------------------------------------------------- outputs
+
+def test_chat_greedy_equals_generate(server, reference):
+    c = _client(server)
+    r = _chat(c, server["model"], max_tokens=24, temperature=0)
+    assert r.choices[0].message.content == reference["greedy"]
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].finish_reason == "length"
+    assert r.object == "chat.completion"
+    u = r.usage
+    assert u.completion_tokens == 24 and u.total_tokens == u.prompt_tokens + 24 and u.prompt_tokens > 20
+    ext = u.model_extra["mlxspec"]
+    assert ext["speculative"].startswith("dspark") and ext["target_forwards"] >= 1
+    assert 0 <= ext["acceptance_rate"] <= 1 and ext["tau"] >= 1 and ext["verify_time_s"] > 0
+    # streaming: the same text, in several chunks, with usage at the end
+    text, finish, usage, chunks = _stream_text(
+        _chat(c, server["model"], max_tokens=24, temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert text == reference["greedy"] and finish == "length" and chunks > 3
+    assert (usage.prompt_tokens, usage.completion_tokens) == (u.prompt_tokens, 24)
+    # a request may turn speculation off: greedy output is the same
+    r2 = _chat(c, server["model"], max_tokens=24, temperature=0, extra_body={"speculative": False, "cache_prompt": False})
+    assert r2.choices[0].message.content == reference["greedy"]
+    assert r2.usage.model_extra["mlxspec"]["speculative"] == "autoregressive"
+
+
+def test_sampled_with_seed_equals_generate(server, reference):
+    c = _client(server)
+    r = _chat(c, server["model"], max_tokens=12, **SAMPLED)
+    assert r.choices[0].message.content == reference["sampled"]
+
+
+def test_stop_strings(server, reference):
+    c = _client(server)
+    full = reference["greedy"]
+    stop = "reverse_"
+    assert stop in full, full
+    want = full[: full.index(stop)]
+    r = _chat(c, server["model"], max_tokens=24, temperature=0, stop=[stop, "never-there"])
+    assert r.choices[0].message.content == want
+    assert r.choices[0].finish_reason == "stop"
+    text, finish, _, _ = _stream_text(_chat(c, server["model"], max_tokens=24, temperature=0, stop=stop, stream=True))
+    assert text == want and finish == "stop"  # no partial "rev..." leaked into the stream
+
+
+def test_completions(server):
+    c = _client(server)
+    prompt = "def fibonacci(n):\n    "
+    r = c.completions.create(model=server["model"], prompt=prompt, max_tokens=10, temperature=0)
+    assert r.object == "text_completion" and r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 10 and r.choices[0].text
+    s = c.completions.create(model=server["model"], prompt=prompt, max_tokens=10, temperature=0, stream=True,
+                             stream_options={"include_usage": True})
+    text, finish, usage, _ = _stream_text(s)
+    assert text == r.choices[0].text and finish == "length"
+    assert usage.prompt_tokens == r.usage.prompt_tokens
+    m = c.models.list()
+    assert [x.id for x in m.data] == [server["model"]]
+
+
+def test_prefix_cache_multi_turn(server):
+    c = _client(server)
+    m = server["model"]
+    msgs = [{"role": "user", "content": "Name three colours."}]
+    t1 = c.chat.completions.create(model=m, messages=msgs, max_tokens=8, temperature=0)
+    msgs2 = msgs + [{"role": "assistant", "content": t1.choices[0].message.content},
+                    {"role": "user", "content": "And three animals?"}]
+    cold = c.chat.completions.create(model=m, messages=msgs2, max_tokens=8, temperature=0,
+                                     extra_body={"cache_prompt": False})
+    warm = c.chat.completions.create(model=m, messages=msgs2, max_tokens=8, temperature=0)
+    again = c.chat.completions.create(model=m, messages=msgs2, max_tokens=8, temperature=0)
+    assert cold.usage.prompt_tokens_details.cached_tokens == 0
+    n_warm = warm.usage.prompt_tokens_details.cached_tokens
+    assert n_warm >= t1.usage.prompt_tokens  # at least turn 1's prompt was reused
+    assert again.usage.prompt_tokens_details.cached_tokens == cold.usage.prompt_tokens - 1
+    # the cache changes nothing in the output, and a reused entry was not mutated
+    assert warm.choices[0].message.content == cold.choices[0].message.content == again.choices[0].message.content
+
+
+def test_concurrent_clients(server):
+    m = server["model"]
+    prompts = ["Name a fruit.", "What is 2 + 2?", "Say hello in French."]
+    c = _client(server)
+    want = [_chat(c, m, p, max_tokens=8, temperature=0, extra_body={"cache_prompt": False}).choices[0].message.content
+            for p in prompts]
+    got, errors = [None] * 3, []
+
+    def run(i):
+        try:
+            cl = _client(server)
+            if i % 2:
+                got[i] = _chat(cl, m, prompts[i], max_tokens=8, temperature=0).choices[0].message.content
+            else:
+                got[i] = _stream_text(_chat(cl, m, prompts[i], max_tokens=8, temperature=0, stream=True))[0]
+        except Exception as e:  # noqa: BLE001
+            errors.append(repr(e))
+
+    ts = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(120)
+    assert not errors and got == want
+
+
+def test_cancel_mid_stream_frees_server(server):
+    c = _client(server)
+    m = server["model"]
+    stream = _chat(c, m, "Write a long story about a dragon.", max_tokens=800, temperature=0, stream=True)
+    it = iter(stream)
+    for _ in range(3):
+        next(it)
+    stream.close()  # the client goes away mid-generation
+    t0 = time.time()
+    r = _chat(c, m, "Name a fruit.", max_tokens=4, temperature=0)
+    assert r.choices[0].finish_reason == "length"
+    assert time.time() - t0 < 20  # 800 tokens would take over a minute here
+    st, _, body = _raw(server["port"], "GET", "/metrics")
+    assert re.search(r"^mlxspec_cancelled_total [1-9]", body, re.M), body
+
+
+def test_queue_full_answers_429(server):
+    c = _client(server)
+    m = server["model"]
+    streams = [_chat(c, m, "Write a long story about a dragon.", max_tokens=800, stream=True) for _ in range(4)]
+    try:
+        with pytest.raises(openai.RateLimitError) as ei:
+            _chat(c, m, max_tokens=4)
+        assert ei.value.status_code == 429
+        assert ei.value.response.headers.get("retry-after") == "1"
+        assert ei.value.body["code"] == "queue_full"
+    finally:
+        for s in streams:
+            s.close()
+    # the queue drains (cancelled jobs are skipped) and the server answers again
+    t0 = time.time()
+    while True:
+        try:
+            _chat(c, m, "Name a fruit.", max_tokens=2)
+            break
+        except openai.RateLimitError:
+            assert time.time() - t0 < 20
+            time.sleep(0.5)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def test_bad_input(server):
+    port, m = server["port"], server["model"]
+    msgs = [{"role": "user", "content": "hi"}]
+    ok = {"model": m, "messages": msgs, "max_tokens": 2}
+    P = "/v1/chat/completions"
+    cases = [
+        (P, "{not json", 400, "invalid_json"),
+        (P, "[1, 2]", 400, "invalid_json"),
+        (P, b"\xff\xfe", 400, "invalid_json"),
+        (P, {**ok, "model": "gpt-9"}, 404, "model_not_found"),
+        (P, {"messages": msgs}, 400, "missing_required_parameter"),
+        (P, {**ok, "messages": []}, 400, "invalid_value"),
+        (P, {**ok, "messages": "hi"}, 400, "invalid_type"),
+        (P, {**ok, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "invalid_value"),
+        (P, {**ok, "messages": [{"role": "user", "content": 5}]}, 400, "invalid_type"),
+        (P, {**ok, "temperature": "hot"}, 400, "invalid_type"),
+        (P, {**ok, "temperature": 7}, 400, "invalid_value"),
+        (P, {**ok, "top_p": 0}, 400, "invalid_value"),
+        (P, {**ok, "top_k": -1}, 400, "invalid_value"),
+        (P, {**ok, "max_tokens": "5"}, 400, "invalid_type"),
+        (P, {**ok, "max_tokens": True}, 400, "invalid_type"),
+        (P, {**ok, "max_tokens": 0}, 400, "invalid_value"),
+        (P, {**ok, "max_tokens": 5000}, 400, "invalid_value"),
+        (P, {**ok, "n": 2}, 400, "invalid_value"),
+        (P, {**ok, "stop": 3}, 400, "invalid_type"),
+        (P, {**ok, "stream": "yes"}, 400, "invalid_type"),
+        (P, {**ok, "seed": 1.5}, 400, "invalid_type"),
+        (P, {**ok, "logprobs": True}, 400, "unsupported_parameter"),
+        (P, "x" * 70_000, 413, "body_too_large"),
+        ("/v1/completions", {"model": m, "prompt": ""}, 400, "invalid_value"),
+        ("/v1/completions", {"model": m, "prompt": {"a": 1}}, 400, "invalid_type"),
+        ("/v1/completions", {"model": m, "prompt": [1, 2, 10**9]}, 400, "invalid_value"),
+        ("/v1/completions", {"model": m, "prompt": [1] * 9000}, 400, "context_length_exceeded"),
+        ("/v1/nothing", ok, 404, "not_found"),
+    ]
+    for path, body, status, code in cases:
+        st, _, text = _raw(port, "POST", path, body)
+        _assert_error(st, text, status, code)
+    st, _, text = _raw(port, "GET", P)
+    _assert_error(st, text, 405)
+    # through the official client too
+    c = _client(server)
+    with pytest.raises(openai.NotFoundError):
+        c.chat.completions.create(model="gpt-9", messages=msgs)
+    with pytest.raises(openai.BadRequestError) as ei:
+        c.chat.completions.create(model=m, messages=[])
+    assert ei.value.body["param"] == "messages"
+    # and the server is alive and well
+    assert _chat(c, m, "Name a fruit.", max_tokens=2).usage.completion_tokens == 2
+
+
+def test_api_key(server):
+    port, m = server["port"], server["model"]
+    for headers in ({"Authorization": ""}, {"Authorization": "Bearer wrong"}, {"Authorization": f"Basic {KEY}"}):
+        st, _, text = _raw(port, "GET", "/v1/models", headers=headers)
+        _assert_error(st, text, 401, "invalid_api_key")
+    with pytest.raises(openai.AuthenticationError):
+        _client(server, key="nope").chat.completions.create(model=m, messages=[{"role": "user", "content": "x"}])
+    st, _, _ = _raw(port, "GET", "/health", headers={"Authorization": ""})
+    assert st == 200  # health needs no key
+
+
+def test_metrics(server):
+    st, h, body = _raw(server["port"], "GET", "/metrics")
+    assert st == 200 and h["content-type"].startswith("text/plain")
+    for name in ("mlxspec_requests_total", "mlxspec_completion_tokens_total", "mlxspec_acceptance_rate",
+                 "mlxspec_tau", "mlxspec_queue_depth", "mlxspec_time_to_first_token_seconds_bucket",
+                 "mlxspec_prompt_cache_bytes"):
+        assert re.search(rf"^{name}\b", body, re.M), name
+    count = int(re.search(r"^mlxspec_time_to_first_token_seconds_count (\d+)", body, re.M).group(1))
+    assert count >= 10
+
+
+def test_sigterm_mid_stream_exits_0(server):
+    """Last: shuts the module's server down."""
+    c = _client(server)
+    stream = _chat(c, server["model"], "Write a long story about a dragon.", max_tokens=800, stream=True)
+    it = iter(stream)
+    next(it)
+    server["proc"].send_signal(signal.SIGTERM)
+    rc = server["proc"].wait(30)
+    assert rc == 0, server["log"].read_text()[-3000:]
+    with pytest.raises(Exception):  # the stream ends early (cancelled): it never completes normally
+        for ch in it:
+            assert not (ch.choices and ch.choices[0].finish_reason == "length")
