@@ -172,6 +172,13 @@ def _eos_ids(tokenizer) -> set[int]:
     return set(ids)
 
 
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """A string prompt -> ids as mlx-lm's `stream_generate` encodes it: with the tokenizer's
+    special tokens (BOS where the vocabulary adds one) unless the text already starts with BOS."""
+    bos = getattr(tokenizer, "bos_token", None)
+    return tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
+
+
 def stream_generate(
     model,
     tokenizer,
@@ -198,7 +205,7 @@ def stream_generate(
         raise MlxspecError(f"stop {stop!r}: pass a list of strings")
     target = as_target(model)
     spec = speculator or Speculator()
-    ids = tokenizer.encode(prompt, add_special_tokens=False) if isinstance(prompt, str) else list(prompt)
+    ids = encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else list(prompt)
     if not ids:
         raise MlxspecError("the prompt is empty; pass some text with --prompt")
     ids = check_prompt_ids(ids, target.info.vocab_size, target.config.get("max_position_embeddings"), max_tokens)

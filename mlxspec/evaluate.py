@@ -29,7 +29,9 @@ def run_prompts(target, tokenizer, drafter_factory, prompts: list[list[int]], ma
 def _merge(t: SpecStats, s: SpecStats):
     t.prompt_tokens += s.prompt_tokens
     t.prompt_time += s.prompt_time
-    t.generated += s.generated - 1  # tau counts tokens after the prefill's
+    # SpecStats counts the prefill's token in `generated` (tau and generation_tps subtract it
+    # once): the merged stats keep that convention, one prefill token for all runs together.
+    t.generated = max(t.generated, 1) + max(s.generated - 1, 0) if (t.generated or s.generated) else 0
     t.target_forwards += s.target_forwards
     t.draft_time += s.draft_time
     t.verify_time += s.verify_time
@@ -46,8 +48,8 @@ def _merge(t: SpecStats, s: SpecStats):
 
 
 def merged_tau(st: SpecStats) -> float:
-    # _merge stores generated-after-prefill, so no -1 here
-    return st.generated / st.target_forwards if st.target_forwards else 1.0
+    """= st.tau: `_merge` keeps SpecStats' own convention."""
+    return st.tau
 
 
 def evaluate_drafter(target, tokenizer, drafter_path, n_per_category: int = 8, max_tokens: int = 64,

@@ -238,3 +238,18 @@ def tiny_gguf(tmp_path):
     p = tmp_path / "tiny.gguf"
     write_tiny_model(p)
     return p
+
+
+@pytest.fixture(scope="session")
+def golden_models():
+    """Directory of llama.cpp's golden vocab files (tests/conftest_vocab.py), fetched once here,
+    whichever test asks first. Skips, saying why, only when they cannot be fetched."""
+    import sys
+
+    sys.path.insert(0, os.path.dirname(__file__))
+    from conftest_vocab import golden_dir
+
+    d, why = golden_dir()
+    if d is None:
+        pytest.skip(why)
+    return d

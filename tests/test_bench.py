@@ -25,7 +25,7 @@ def drafter_dir(smollm2, tmp_path_factory):
     m = DFlashModel(cfg)
     mx.eval(m.parameters())
     path = tmp_path_factory.mktemp("bench") / "dspark"
-    save_drafter(m, cfg, path, "speculators")
+    save_drafter(m, cfg, path, "speculators", target=smollm2[0])
     return path
 
 

@@ -179,18 +179,16 @@ def test_tokenizer_save_hf_matches_mlx_lm(smollm2, tmp_path):
 @pytest.mark.parametrize("name,detok", [("llama-spm", "SPMStreamingDetokenizer"), ("phi-3", "SPMStreamingDetokenizer"),
                                         ("gpt-2", "BPEStreamingDetokenizer"), ("llama-bpe", "BPEStreamingDetokenizer"),
                                         ("qwen2", "BPEStreamingDetokenizer")])
-def test_tokenizer_save_hf_golden_vocabs(tmp_path, name, detok):
+def test_tokenizer_save_hf_golden_vocabs(tmp_path, name, detok, golden_models):
     """llama.cpp's vocab-only GGUFs (cached by the tokenizer tests): the written tokenizer.json encodes
     llama.cpp's test texts exactly as mlxspec does, with and without BOS, SentencePiece included."""
-    from conftest_vocab import GOLDEN_SEPARATOR, golden_root
+    from conftest_vocab import GOLDEN_SEPARATOR
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
     from mlxspec.loading.tokenizer import load_gguf_tokenizer, read_gguf_metadata
 
-    vocab = golden_root() / "models" / f"ggml-vocab-{name}.gguf"
+    vocab = golden_models / f"ggml-vocab-{name}.gguf"
     inp = Path(str(vocab) + ".inp")
-    if not vocab.exists() or not inp.exists():
-        pytest.skip(f"{vocab} not cached (tests/test_tokenizer.py fetches it)")
     tok = load_gguf_tokenizer(read_gguf_metadata(vocab))
     tok.save_hf(tmp_path)
     hf = load_tokenizer(tmp_path)

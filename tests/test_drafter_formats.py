@@ -19,6 +19,7 @@ from mlxspec.errors import MlxspecError
 from mlxspec.loading.drafter import load_drafter, model_tensors, save_drafter
 from mlxspec.loading.gguf_file import read_gguf
 from mlxspec.models.dflash import DFlashModel, DrafterConfig
+from mlxspec.models.target import TargetInfo
 
 V, H = 512, 64
 TAPS = [1, 3, 5]
@@ -48,8 +49,13 @@ def make_model(cfg: DrafterConfig, seed: int = 0) -> DFlashModel:
     return m
 
 
+# the target the test drafters serve (what the HF writers record: num_target_layers, verifier)
+TARGET = TargetInfo(hidden_size=H, num_layers=8, vocab_size=V, model_type="qwen3", source="test/tiny-qwen3")
+
+
 def write(tmp, model, cfg, fmt, name=None, **opts) -> str:
     p = os.path.join(str(tmp), (name or fmt) + (".gguf" if fmt.startswith("gguf") else ""))
+    opts.setdefault("target", TARGET)
     save_drafter(model, cfg, p, fmt, **opts)
     return p
 
@@ -531,3 +537,135 @@ def test_speculators_verifier_copies_are_claimed_unused(tmp_path, dspark_first):
     edit_tensors(p, add={"verifier_norm.weight": mx.ones((H + 1,))})
     with pytest.raises(MlxspecError, match=r"verifier_norm\.weight has shape \[65\], expected \[64\]"):
         quiet_load(p)
+
+
+# ----------------------------------------------------------------------------- what peers' loaders need
+
+ACCEPTED_TRUE = (True, 1, "true", "True", "TRUE", " yes ", "Yes", "1", "on", "t", "y")
+ACCEPTED_FALSE = (False, 0, "false", "False", "no", "NO", "0", "off", "f", "n")
+REFUSED = ("maybe", "", "2", 2, -1, 0.5, "truee", [1])
+
+
+@pytest.mark.parametrize("value", ACCEPTED_TRUE + ACCEPTED_FALSE)
+def test_layout_key_boolean_spellings_hf(tmp_path, dspark_first, dflash_bonus, value):
+    want = value in ACCEPTED_TRUE and value is not False
+    model, cfg = dspark_first
+    p = write(tmp_path, model, cfg, "speculators")
+    edit_config(p, sample_from_anchor=value)
+    c = quiet_load(p)[1]
+    assert (c.sample_from_anchor, c.extra["layout_from"]) == (want, "key:sample_from_anchor")
+    model, cfg = dflash_bonus  # z-lab: the key inside dflash_config
+    pz = write(tmp_path, model, cfg, "zlab")
+    dc = json.load(open(os.path.join(pz, "config.json")))["dflash_config"]
+    edit_config(pz, dflash_config={**dc, "sample_from_anchor": value})
+    assert quiet_load(pz)[1].sample_from_anchor == want
+
+
+@pytest.mark.parametrize("value", REFUSED)
+def test_layout_key_non_boolean_is_refused_hf(tmp_path, dspark_first, value):
+    model, cfg = dspark_first
+    p = write(tmp_path, model, cfg, "speculators")
+    edit_config(p, sample_from_anchor=value)
+    with pytest.raises(MlxspecError) as e:
+        quiet_load(p)
+    assert str(e.value) == f"{p}: sample_from_anchor = {value!r} is not a boolean; write true or false"
+
+
+@pytest.mark.parametrize("value,want", [("true", True), ("Yes", True), ("1", True), (1, True),
+                                        ("false", False), ("no", False), ("0", False), (0, False)])
+def test_layout_key_boolean_spellings_gguf(tmp_path, dspark_first, value, want):
+    model, cfg = dspark_first
+    src = write(tmp_path, model, cfg, "gguf")
+    p = rewrite_gguf(src, str(tmp_path / "s.gguf"), set_keys={"dflash.sample_from_anchor": value})
+    assert quiet_load(p)[1].sample_from_anchor is want
+
+
+def test_layout_key_non_boolean_is_refused_gguf(tmp_path, dspark_first):
+    model, cfg = dspark_first
+    src = write(tmp_path, model, cfg, "gguf")
+    for value in ("maybe", 2):
+        p = rewrite_gguf(src, str(tmp_path / "s.gguf"), set_keys={"dflash.sample_from_anchor": value})
+        with pytest.raises(MlxspecError) as e:
+            quiet_load(p)
+        assert str(e.value) == f"{p}: dflash.sample_from_anchor = {value!r} is not a boolean; write true or false"
+
+
+def test_other_boolean_keys_are_strict_too(tmp_path, dspark_first):
+    model, cfg = dspark_first
+    p = write(tmp_path, model, cfg, "speculators")
+    edit_config(p, enable_confidence_head="yes")
+    assert quiet_load(p)[1].confidence_head is True
+    edit_config(p, enable_confidence_head="sometimes")
+    with pytest.raises(MlxspecError, match=r"enable_confidence_head = 'sometimes' is not a boolean; write true or false$"):
+        quiet_load(p)
+
+
+# z-lab's published DFlash configs (z-lab/Qwen3-8B-DFlash-b16 and siblings): every key but
+# auto_map (their remote code, not shipped by mlxspec), transformers_version and the target's
+# bos/eos token ids. z-lab's MLX loader (dflash/model_mlx.py `_draft_config`) indexes
+# hidden_size, num_hidden_layers, num_attention_heads, num_key_value_heads, head_dim,
+# intermediate_size, rms_norm_eps, max_position_embeddings and dflash_config.{target_layer_ids,
+# mask_token_id}; the MLX ports also read num_target_layers.
+ZLAB_REFERENCE_KEYS = {
+    "architectures", "attention_bias", "attention_dropout", "block_size", "dflash_config", "dtype",
+    "head_dim", "hidden_act", "hidden_size", "initializer_range", "intermediate_size", "layer_types",
+    "max_position_embeddings", "max_window_layers", "model_type", "num_attention_heads", "num_hidden_layers",
+    "num_key_value_heads", "num_target_layers", "rms_norm_eps", "rope_scaling", "rope_theta", "sliding_window",
+    "tie_word_embeddings", "use_cache", "use_sliding_window", "vocab_size",
+}
+
+
+def test_zlab_config_has_the_reference_key_set(tmp_path, dflash_bonus):
+    model, cfg = dflash_bonus
+    p = write(tmp_path, model, cfg, "zlab")
+    c = json.load(open(os.path.join(p, "config.json")))
+    assert ZLAB_REFERENCE_KEYS <= set(c), sorted(ZLAB_REFERENCE_KEYS - set(c))
+    assert {"target_layer_ids", "mask_token_id"} <= set(c["dflash_config"])
+    assert c["num_target_layers"] == TARGET.num_layers and c["max_position_embeddings"] == 32768
+    assert c["architectures"] == ["DFlashDraftModel"] and c["dtype"] == "float32"
+    # read back and written again without a target: what the file said is kept
+    m2, c2, _ = quiet_load(p)
+    p2 = write(tmp_path, m2, c2, "zlab", name="again", target=None)
+    again = json.load(open(os.path.join(p2, "config.json")))
+    assert again == c
+    with pytest.raises(MlxspecError) as e:
+        write(tmp_path, model, cfg, "zlab", name="none", target=None)
+    assert str(e.value) == (f"{tmp_path}/none: the zlab format needs num_target_layers; "
+                            "pass target= to save_drafter")
+
+
+def test_speculators_config_names_the_verifier(tmp_path, dspark_first):
+    model, cfg = dspark_first
+    p = write(tmp_path, model, cfg, "speculators")
+    v = json.load(open(os.path.join(p, "config.json")))["speculators_config"]["verifier"]
+    assert v == {"name_or_path": "test/tiny-qwen3", "architectures": ["Qwen3ForCausalLM"]}
+    m2, c2, _ = quiet_load(p)
+    p2 = write(tmp_path, m2, c2, "speculators", name="again", target=None)
+    assert json.load(open(os.path.join(p2, "config.json")))["speculators_config"]["verifier"] == v
+    with pytest.raises(MlxspecError) as e:
+        write(tmp_path, model, cfg, "speculators", name="none", target=None)
+    assert str(e.value) == (f"{tmp_path}/none: the speculators format needs speculators_config.verifier; "
+                            "pass target= to save_drafter")
+
+
+def test_speculators_reduced_vocab_without_head_needs_the_target(tmp_path):
+    cfg = make_cfg(markov_rank=8, draft_vocab_size=100, sample_from_anchor=True)
+    model = make_model(cfg, 3)
+    with pytest.raises(MlxspecError) as e:
+        write(tmp_path, model, cfg, "speculators")  # a TargetInfo has no head rows
+    assert str(e.value) == (f"{tmp_path}/speculators: the speculators format needs lm_head.weight with a reduced "
+                            "vocabulary (d2t); pass the Target as target= so its head rows are written")
+
+
+def test_gguf_dflash_drafter_without_vocab_key_takes_the_targets(tmp_path):
+    cfg = make_cfg(sample_from_anchor=False)  # borrows embedding and head: no vocab-sized tensor
+    model = make_model(cfg, 5)
+    src = write(tmp_path, model, cfg, "gguf")
+    p = rewrite_gguf(src, str(tmp_path / "novocab.gguf"), drop_keys=("dflash.vocab_size",))
+    with pytest.raises(MlxspecError) as e:
+        quiet_load(p)
+    assert str(e.value) == (f"{p}: cannot tell the vocabulary size (no dflash.vocab_size, tokenizer or vocab-sized "
+                            "tensor); load it with its target, or re-export the drafter with its vocab_size")
+    m2, c2, _ = quiet_load(p, target_info=TargetInfo(hidden_size=H, num_layers=8, vocab_size=V, model_type="qwen3"))
+    assert c2.vocab_size == V
+    assert_same_params(model, m2)

@@ -57,7 +57,7 @@ def test_loss_decreases_resume_and_export(smollm2, shards, tmp_path):
     assert msgs == ["resumed from step 10"]
     assert json.loads((out / "ckpt" / "state.json").read_text())["step"] == 12
 
-    hf, gg = export_all(model, cfg, out)
+    hf, gg = export_all(model, cfg, out, target=target)
     ids = tok.encode("def add(a, b):\n    return", add_special_tokens=False)
     drafts = []
     for m in [model] + [load_drafter(str(p), target.info, log=io.StringIO())[0] for p in (hf, gg)]:

@@ -47,6 +47,23 @@ class RawDrafter:
     path: str = ""
 
 
+_TRUE = ("true", "yes", "1", "on", "t", "y")
+_FALSE = ("false", "no", "0", "off", "f", "n")
+
+
+def parse_flag(value, key: str, path: str) -> bool:
+    """A boolean config/metadata value in any spelling people write: true/false, 1/0 (int or
+    string), "yes"/"no", "on"/"off", "t"/"f", "y"/"n" (any case). Anything else is refused:
+    read as false it would silently flip a layout (PR #122's failure)."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)) and int(value) in (0, 1):
+        return bool(int(value))
+    if isinstance(value, str) and value.strip().lower() in _TRUE + _FALSE:
+        return value.strip().lower() in _TRUE
+    raise MlxspecError(f"{path}: {key} = {value!r} is not a boolean; write true or false")
+
+
 # ----------------------------------------------------------------------------- layout
 
 def resolve_layout(fmt: str, lineage: str, file_value: bool | None, key: str = "sample_from_anchor"):
@@ -385,8 +402,9 @@ def init_line(cfg: DrafterConfig, layout_from: str) -> str:
     )
 
 
-def read_drafter(path) -> RawDrafter:
-    """Dispatch on the path: a directory (HF formats) or a .gguf file."""
+def read_drafter(path, target_vocab: int | None = None) -> RawDrafter:
+    """Dispatch on the path: a directory (HF formats) or a .gguf file. target_vocab: the
+    target's vocabulary size, for GGUF drafters that name none (they borrow the target's)."""
     import os
 
     from . import drafter_gguf, drafter_hf
@@ -399,7 +417,7 @@ def read_drafter(path) -> RawDrafter:
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic == b"GGUF":
-        return drafter_gguf.read_gguf_drafter(path)
+        return drafter_gguf.read_gguf_drafter(path, target_vocab)
     raise MlxspecError(f"{path}: not a drafter: expected a Hugging Face directory or a .gguf file")
 
 
@@ -414,7 +432,7 @@ def load_drafter(path, target_info: TargetInfo | None = None, requested: str = "
     if requested not in REQUESTED:
         raise MlxspecError(f"unknown drafter type {requested!r}; use one of: {', '.join(REQUESTED)}")
     log = sys.stderr if log is None else log
-    raw = read_drafter(path)
+    raw = read_drafter(path, None if target_info is None else target_info.vocab_size)
     cfg = raw.cfg
     layout_fmt = raw.fmt
     if raw.fmt == "speculators":
@@ -435,9 +453,13 @@ def load_drafter(path, target_info: TargetInfo | None = None, requested: str = "
     return model, cfg
 
 
-def save_drafter(model: DFlashModel, cfg: DrafterConfig, path, fmt: str, **options) -> None:
+def save_drafter(model: DFlashModel, cfg: DrafterConfig, path, fmt: str, target=None, **options) -> None:
     """Write a drafter in one of FORMATS. Refuses (MlxspecError) what the format cannot
     express, e.g. a bonus-anchor drafter as deepspec or an anchor-first one as zlab.
+    target: the `Target` (or its `TargetInfo`) the drafter serves. The HF formats record it
+    as their peers' loaders need: zlab `num_target_layers` / `max_position_embeddings`,
+    speculators `speculators_config.verifier` and, with a reduced vocabulary (d2t), an
+    `lm_head.weight` of the target's head rows at the d2t ids (needs a `Target`).
     options: `doubled_prefix=True` for gguf-dspark-legacy (`dspark.dspark.*` keys)."""
     import os
 
@@ -447,7 +469,7 @@ def save_drafter(model: DFlashModel, cfg: DrafterConfig, path, fmt: str, **optio
     if fmt in ("zlab", "deepspec", "speculators"):
         if options:
             raise MlxspecError(f"save_drafter: options {sorted(options)} do not apply to format {fmt}")
-        drafter_hf.write_hf_drafter(model, cfg, path, fmt)
+        drafter_hf.write_hf_drafter(model, cfg, path, fmt, target=target)
     elif fmt in ("gguf", "gguf-dspark-legacy"):
         drafter_gguf.write_gguf_drafter(model, cfg, path, fmt, **options)
     else:

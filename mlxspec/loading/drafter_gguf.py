@@ -29,7 +29,7 @@ import numpy as np
 from .. import validate as V
 from ..errors import MlxspecError
 from ..models.dflash import DrafterConfig
-from .drafter import RawDrafter, claim_tensors, model_tensors, to_mx
+from .drafter import RawDrafter, claim_tensors, model_tensors, parse_flag, to_mx
 from .gguf_file import GGUFFile, TensorInfo, read_gguf, type_name
 
 _LAYER = {
@@ -101,10 +101,9 @@ def model_name(file_name: str, fmt: str) -> str | None:
 
 # ----------------------------------------------------------------------------- reading
 
-def _bool(v) -> bool:
-    if isinstance(v, str):
-        return v.strip().lower() == "true"
-    return bool(v)
+def _bool(v, key: str, path: str) -> bool:
+    """Strict: true/false, 1/0, yes/no ... (`drafter.parse_flag`); anything else is refused."""
+    return parse_flag(v, key, path)
 
 
 class _Meta:
@@ -166,19 +165,21 @@ def _unsupported(g: GGUFFile, m: _Meta) -> None:
     if (m.special("selector_top_k") or 0) > 0:
         raise MlxspecError(f"{path}: DFlash2 selector drafters are not supported")
     causal = m.special("attention.causal", m.std("attention.causal"))
-    if causal is not None and _bool(causal):
+    if causal is not None and _bool(causal, f"{m.arch}.attention.causal", path):
         raise MlxspecError(f"{path}: causal block attention ({m.arch}.attention.causal=true) is not supported")
     if m.special("decoder_arch") is not None:
         raise MlxspecError(f"{path}: decoder_arch {m.special('decoder_arch')!r} drafters are not supported")
     for k in ("norm_before_fc", "norm_before_residual"):
-        if _bool(m.special(k, False)):
+        if _bool(m.special(k, False), f"{m.arch}.{k}", path):
             raise MlxspecError(f"{path}: {m.arch}.{k}=true drafters are not supported")
     ht = m.special("markov_head_type")
     if ht is not None and str(ht).lower() != "vanilla":
         raise MlxspecError(f"{path}: GGUF {ht} Markov heads are not supported (GGUF spells only vanilla heads)")
 
 
-def read_gguf_drafter(path: str) -> RawDrafter:
+def read_gguf_drafter(path: str, target_vocab: int | None = None) -> RawDrafter:
+    """target_vocab: the target's vocabulary size, used when the file names none (a drafter
+    that borrows the target's embedding and head needs no vocabulary of its own)."""
     g = read_gguf(path)
     arch = g.architecture
     if arch not in ("dflash", "dspark"):
@@ -255,7 +256,7 @@ def read_gguf_drafter(path: str) -> RawDrafter:
     layout_key = m.special_key("sample_from_anchor") or (
         "dspark.sample_from_anchor" if legacy else "dflash.sample_from_anchor")
     sfa = m.special("sample_from_anchor")
-    layout_value = None if sfa is None else _bool(sfa)
+    layout_value = None if sfa is None else _bool(sfa, layout_key, path)
 
     notes: dict = {}
     # Markov head
@@ -273,14 +274,15 @@ def read_gguf_drafter(path: str) -> RawDrafter:
     # confidence head
     conf_name = tn("confidence_head.proj.weight")
     conf_keys = [k for k in (m.special_key("confidence_head"), m.special_key("has_confidence_head")) if k]
-    if len(conf_keys) == 2 and _bool(g.metadata[conf_keys[0]]) != _bool(g.metadata[conf_keys[1]]):
+    if len(conf_keys) == 2 and (_bool(g.metadata[conf_keys[0]], conf_keys[0], path)
+                                != _bool(g.metadata[conf_keys[1]], conf_keys[1], path)):
         raise MlxspecError(
             f"{path}: {conf_keys[0]}={g.metadata[conf_keys[0]]} and {conf_keys[1]}={g.metadata[conf_keys[1]]} "
             "disagree; fix the metadata"
         )
     conf_key = conf_keys[0] if conf_keys else None
     if conf_key is not None:
-        conf = _bool(g.metadata[conf_key])
+        conf = _bool(g.metadata[conf_key], conf_key, path)
         notes["confidence head"] = f"{conf_key}={'true' if conf else 'false'}"
     elif legacy:
         conf = False
@@ -290,10 +292,11 @@ def read_gguf_drafter(path: str) -> RawDrafter:
         notes["confidence head"] = "no dflash.confidence_head; detected from conf_proj.weight"
     wm = m.special("confidence_head_with_markov")
     cw = shapes.get(conf_name)
-    with_markov = _bool(wm) if wm is not None else bool(cw is None or len(cw) != 2 or cw[1] != H)
+    with_markov = (_bool(wm, m.special_key("confidence_head_with_markov"), path) if wm is not None
+                   else bool(cw is None or len(cw) != 2 or cw[1] != H))
     # log-SNR conditioning: absent = off, bounds required when on (as llama.cpp)
     snr_key = m.special_key("log_snr_conditioning")
-    log_snr = _bool(g.metadata[snr_key]) if snr_key else False
+    log_snr = _bool(g.metadata[snr_key], snr_key, path) if snr_key else False
     notes["log-SNR conditioning"] = (
         f"{snr_key}={'true' if log_snr else 'false'}" if snr_key else
         f"{'dspark' if legacy else 'dflash'}.log_snr_conditioning is absent")
@@ -322,10 +325,12 @@ def read_gguf_drafter(path: str) -> RawDrafter:
             if cand in shapes:
                 vocab = shapes[cand][0]
                 break
+    if vocab is None and target_vocab is not None:
+        vocab = int(target_vocab)  # embedding and head are borrowed from the target: its vocabulary
     if vocab is None:
         raise MlxspecError(
             f"{path}: cannot tell the vocabulary size (no {arch}.vocab_size, tokenizer or vocab-sized tensor); "
-            "re-export the drafter with its vocab_size"
+            "load it with its target, or re-export the drafter with its vocab_size"
         )
 
     cfg = DrafterConfig(

@@ -26,7 +26,7 @@ import numpy as np
 from .. import validate as V
 from ..errors import MlxspecError
 from ..models.dflash import DrafterConfig
-from .drafter import RawDrafter, claim_tensors, model_tensors, to_mx
+from .drafter import RawDrafter, claim_tensors, model_tensors, parse_flag, to_mx
 
 _FIX = "fix the drafter's config.json or download the drafter again"
 
@@ -135,6 +135,8 @@ def _need(c: dict, key: str, where: str, path: str):
 
 def _backbone(c: dict, path: str) -> dict:
     """Qwen3 dimensions from a (possibly diff-serialised) config dict."""
+    if not isinstance(c, dict):
+        raise MlxspecError(f"{path}: transformer_layer_config is {type(c).__name__}, expected an object; {_FIX}")
     layer_types = c.get("layer_types") or []
     if "sliding_attention" in layer_types:
         raise MlxspecError(
@@ -143,8 +145,6 @@ def _backbone(c: dict, path: str) -> dict:
         )
     if c.get("is_causal"):
         raise MlxspecError(f"{path}: causal block attention (is_causal: true) is not supported; DFlash blocks are non-causal")
-    if not isinstance(c, dict):
-        raise MlxspecError(f"{path}: transformer_layer_config is {type(c).__name__}, expected an object; {_FIX}")
     merged = {**{k: v for k, v in QWEN3_DEFAULTS.items() if v is not None}, **{k: v for k, v in c.items() if v is not None}}
 
     def g(k, hi=V.MAX_DIM):
@@ -165,11 +165,9 @@ def _backbone(c: dict, path: str) -> dict:
     )
 
 
-
-def _flag(v) -> bool:
-    if isinstance(v, str):
-        return v.strip().lower() == "true"
-    return bool(v)
+def _flag(v, key: str, path: str) -> bool:
+    """Strict: true/false, 1/0, yes/no ... (`drafter.parse_flag`); anything else is refused."""
+    return parse_flag(v, key, path)
 
 
 def read_hf_drafter(path: str) -> RawDrafter:
@@ -186,6 +184,7 @@ def read_hf_drafter(path: str) -> RawDrafter:
         base = config.get("transformer_layer_config") or {}
         dims = _backbone(base, path)
         theta = rope_theta(base, path, QWEN3_DEFAULTS["rope_theta"])
+        extra["verifier"] = (config.get("speculators_config") or {}).get("verifier")
         aux = _need(config, "aux_hidden_state_layer_ids", "", path)
         aux = V.as_int_list(aux, "aux_hidden_state_layer_ids", path, 0, V.MAX_LAYERS, unique=True, min_len=1,
                             integral_float=True, fix=_FIX)
@@ -223,6 +222,7 @@ def read_hf_drafter(path: str) -> RawDrafter:
             else:
                 layout_key, layout_value = "sample_from_anchor", config.get("sample_from_anchor")
             extra["num_target_layers"] = config.get("num_target_layers")
+            extra["max_position_embeddings"] = config.get("max_position_embeddings")
         else:  # deepspec
             taps = _need(config, "target_layer_ids", "", path)
             mask = _need(config, "mask_token_id", "", path)
@@ -234,7 +234,6 @@ def read_hf_drafter(path: str) -> RawDrafter:
                              integral_float=True, fix=_FIX)
         mask = V.as_int(mask, "mask_token_id", path, 0, V.MAX_VOCAB, integral_float=True, fix=_FIX)
         block = V.as_int(block, "block_size", path, 1, V.MAX_BLOCK, integral_float=True, fix=_FIX)
-
 
     H = dims["hidden_size"]
     # -- DSpark features: a present key must agree with the tensors; absent keys mean
@@ -261,16 +260,16 @@ def read_hf_drafter(path: str) -> RawDrafter:
     notes["gated/rnn Markov head"] = f"markov_head_type={head_type}"
     conf_w = shapes.get("confidence_head.proj.weight")
     if "enable_confidence_head" in config:
-        conf = _flag(config["enable_confidence_head"])
+        conf = _flag(config["enable_confidence_head"], "enable_confidence_head", path)
         notes["confidence head"] = f"config enable_confidence_head={'true' if conf else 'false'}"
     else:
         conf = bool(infer and conf_w is not None)
         notes["confidence head"] = "inferred from the tensors" if infer else "config has no enable_confidence_head"
     if "confidence_head_with_markov" in config and config["confidence_head_with_markov"] is not None:
-        with_markov = _flag(config["confidence_head_with_markov"])
+        with_markov = _flag(config["confidence_head_with_markov"], "confidence_head_with_markov", path)
     else:
         with_markov = bool(conf_w is None or len(conf_w) != 2 or conf_w[1] != H)
-    log_snr = _flag(config.get("log_snr_conditioning", False))
+    log_snr = _flag(config.get("log_snr_conditioning", False), "log_snr_conditioning", path)
     notes["log-SNR conditioning"] = f"config log_snr_conditioning={'true' if log_snr else 'false or absent'}"
     min_snr = V.get_float(config, "min_log_snr", path, default=-9.0, fix=_FIX)
     max_snr = V.get_float(config, "max_log_snr", path, default=9.0, fix=_FIX)
@@ -315,7 +314,7 @@ def read_hf_drafter(path: str) -> RawDrafter:
         extra=extra,
     )
     if layout_value is not None:
-        layout_value = _flag(layout_value)
+        layout_value = _flag(layout_value, layout_key, path)
     claimed = claim_tensors(path, cfg, shapes, to_model=lambda f: f, to_file=hf_name, notes=notes,
                             extra_claimed=extra_claimed)
     weights = {m: to_mx(m, tensors[f]) for f, m in claimed.items()}
@@ -346,7 +345,40 @@ def _backbone_config(cfg: DrafterConfig) -> dict:
     }
 
 
-def write_hf_drafter(model, cfg: DrafterConfig, path: str, fmt: str) -> None:
+# target model_type -> its HF class, for speculators' `verifier.architectures`
+HF_ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+                    "mistral": "MistralForCausalLM"}
+DEFAULT_MAX_POSITIONS = 32768  # as for GGUF targets without context_length
+
+
+def _target_facts(cfg: DrafterConfig, target, path: str, fmt: str) -> dict:
+    """What the HF writers record about the target: num_target_layers, max_position_embeddings,
+    verifier (speculators). From `target` (a Target or TargetInfo), else from what the drafter
+    was read with (cfg.extra); refused when a peer's loader needs it and nothing says it."""
+    info = getattr(target, "info", target)
+    tcfg = getattr(target, "config", None) or {}
+    n_layers = info.num_layers if info is not None else cfg.extra.get("num_target_layers")
+    mpe = tcfg.get("max_position_embeddings") or cfg.extra.get("max_position_embeddings") or DEFAULT_MAX_POSITIONS
+    if info is not None:
+        arch = tcfg.get("architectures") or [HF_ARCHITECTURES.get(info.model_type, info.model_type)]
+        verifier = {"name_or_path": info.source or info.model_type, "architectures": list(arch)}
+    else:
+        verifier = cfg.extra.get("verifier")
+    if n_layers is None and fmt == "zlab":
+        raise MlxspecError(f"{path}: the zlab format needs num_target_layers; pass target= to save_drafter")
+    if verifier is None and fmt == "speculators":
+        raise MlxspecError(f"{path}: the speculators format needs speculators_config.verifier; "
+                           "pass target= to save_drafter")
+    return {"num_target_layers": None if n_layers is None else int(n_layers),
+            "max_position_embeddings": int(mpe), "verifier": verifier}
+
+
+def _weights_dtype(model) -> str:
+    dt = model.fc.weight.dtype
+    return {mx.float16: "float16", mx.bfloat16: "bfloat16"}.get(dt, "float32")
+
+
+def write_hf_drafter(model, cfg: DrafterConfig, path: str, fmt: str, target=None) -> None:
     """config.json + model.safetensors. Refuses what the format cannot express:
 
     - zlab: bonus-anchor DFlash only. An anchor-first drafter is refused rather than
@@ -378,11 +410,24 @@ def write_hf_drafter(model, cfg: DrafterConfig, path: str, fmt: str) -> None:
 
     taps = [int(t) for t in cfg.target_layer_ids]
     base = _backbone_config(cfg)
+    facts = _target_facts(cfg, target, path, fmt)
     if fmt == "zlab":
+        # every key z-lab's published configs carry (Qwen3-8B-DFlash-b16 and siblings) except
+        # auto_map (remote code not shipped) and the target's bos/eos ids
         config = {
             "architectures": ["DFlashDraftModel"],
             **base,
+            "attention_dropout": 0.0,
+            "initializer_range": 0.02,
+            "max_position_embeddings": facts["max_position_embeddings"],
+            "max_window_layers": cfg.num_hidden_layers,
+            "num_target_layers": facts["num_target_layers"],
             "rope_theta": cfg.rope_theta,
+            "rope_scaling": None,
+            "sliding_window": None,
+            "use_sliding_window": False,
+            "use_cache": True,
+            "dtype": _weights_dtype(model),
             "block_size": cfg.block_size,
             "dflash_config": {
                 "block_size": cfg.block_size,
@@ -390,8 +435,6 @@ def write_hf_drafter(model, cfg: DrafterConfig, path: str, fmt: str) -> None:
                 "mask_token_id": cfg.mask_token_id,
             },
         }
-        if cfg.extra.get("num_target_layers"):
-            config["num_target_layers"] = cfg.extra["num_target_layers"]
     elif fmt == "deepspec":
         config = {
             "architectures": ["Qwen3DSparkModel"],
@@ -408,8 +451,9 @@ def write_hf_drafter(model, cfg: DrafterConfig, path: str, fmt: str) -> None:
             config["markov_head_type"] = cfg.markov_head_type
         if cfg.confidence_head:
             config["confidence_head_with_markov"] = cfg.confidence_head_with_markov
-        if cfg.extra.get("num_target_layers"):
-            config["num_target_layers"] = cfg.extra["num_target_layers"]
+        config["max_position_embeddings"] = facts["max_position_embeddings"]
+        if facts["num_target_layers"]:
+            config["num_target_layers"] = facts["num_target_layers"]
     else:
         kind = "dspark" if cfg.markov_rank else "dflash"
         n = cfg.n_drafts
@@ -433,10 +477,23 @@ def write_hf_drafter(model, cfg: DrafterConfig, path: str, fmt: str) -> None:
                 "algorithm": kind,
                 "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": n}],
                 "default_proposal_method": "greedy",
+                "verifier": facts["verifier"],
             },
         }
 
     tensors = {}
+    if fmt == "speculators" and cfg.draft_vocab_size and not cfg.has_lm_head:
+        # speculators reads a reduced-vocabulary drafter's head from the file (it never
+        # borrows the verifier's): write the target's head rows at the d2t ids, in float32 so
+        # they are the very rows a borrowing reader uses (identical drafts either way)
+        if getattr(target, "model", None) is None:
+            raise MlxspecError(f"{path}: the speculators format needs lm_head.weight with a reduced vocabulary "
+                               "(d2t); pass the Target as target= so its head rows are written")
+        from ..spec.drafters import target_head_rows
+
+        d2t = np.asarray(model.d2t).astype(np.int64)
+        ids = mx.array((np.arange(d2t.shape[0]) + d2t).astype(np.int32))
+        tensors["lm_head.weight"] = target_head_rows(target, ids)
     for name, arr in model_tensors(model).items():
         if name == "d2t":
             d2t = np.asarray(arr).astype(np.int64)

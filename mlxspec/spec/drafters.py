@@ -102,9 +102,17 @@ class BlockDrafter:
         self.reset()
 
     # -- context ------------------------------------------------------------------
+    CTX_STEP = 256  # context K/V grow in steps of this many rows, as mlx-lm's KVCache does
+
     def reset(self):
-        self.ctx_kv: list = [None] * len(self.model.layers)
+        self._ctx_buf: list = [None] * len(self.model.layers)  # per layer [k, v], capacity >= ctx_len
         self.ctx_len = 0
+
+    @property
+    def ctx_kv(self) -> list:
+        """Per layer (k, v) [1, n_kv, ctx_len, hd] of the context rows (views of the buffers)."""
+        L = self.ctx_len
+        return [None if b is None or L == 0 else (b[0][:, :, :L], b[1][:, :, :L]) for b in self._ctx_buf]
 
     def begin(self, prompt_ids, prompt_taps):
         self.reset()
@@ -117,20 +125,25 @@ class BlockDrafter:
             return
         pos = mx.arange(self.ctx_len, self.ctx_len + n)[None]
         ctx = self.model.context(taps.astype(self.head.dtype))
+        p = self.ctx_len
         for i, layer in enumerate(self.model.layers):
             k, v = layer.self_attn.context_kv(ctx, pos)
-            if self.ctx_kv[i] is not None:
-                pk, pv = self.ctx_kv[i]
-                k, v = mx.concatenate([pk, k], axis=2), mx.concatenate([pv, v], axis=2)
-            self.ctx_kv[i] = (k, v)
+            buf = self._ctx_buf[i]
+            if buf is None or p + n > buf[0].shape[2]:  # grow by whole steps, keep rows 0..p-1
+                grow = (n + self.CTX_STEP - 1) // self.CTX_STEP * self.CTX_STEP
+                new = [mx.zeros((*a.shape[:2], grow, a.shape[3]), a.dtype) for a in (k, v)]
+                if buf is not None:
+                    new = [mx.concatenate([b[:, :, :p], z], axis=2) for b, z in zip(buf, new)]
+                buf = self._ctx_buf[i] = new
+            buf[0][:, :, p : p + n] = k
+            buf[1][:, :, p : p + n] = v
         self.ctx_len += n
 
     def trim_context(self, n: int):
         """Drop the last n context rows (used by tests and by callers that rewind)."""
         if n <= 0:
             return
-        self.ctx_len -= n
-        self.ctx_kv = [(k[:, :, : self.ctx_len], v[:, :, : self.ctx_len]) for k, v in self.ctx_kv]
+        self.ctx_len -= n  # rows past ctx_len are overwritten by the next accept
 
     # -- drafting -------------------------------------------------------------------
     def block_hidden(self, anchor: int, n_rows: int) -> mx.array:

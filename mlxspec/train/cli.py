@@ -105,7 +105,7 @@ def cmd_train(a) -> int:
     t0 = time.time()
     model, cfg, info = train(target, str(data), str(out), tc, resume=not a.no_resume)
     train_s = time.time() - t0
-    paths = export_all(model, cfg, out)
+    paths = export_all(model, cfg, out, target=target)
     report = {"train_config": asdict(tc), "train_seconds_this_run": train_s,
               "history": info["history"], "exports": [str(p) for p in paths]}
     if a.eval_prompts:

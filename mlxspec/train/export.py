@@ -2,8 +2,9 @@
 written explicitly (`sample_from_anchor`), tap ids in each format's convention.
 
 Weights are stored in float16 (the Markov head is computed in float32 at run time).
-A reduced draft vocabulary is stored as `d2t` only: the LM head stays borrowed from the
-target (its rows at the d2t ids), so the file holds no copy of the target's weights.
+A reduced draft vocabulary is stored as `d2t`. The GGUF borrows the LM head from the target
+(its rows at the d2t ids); the speculators directory carries those rows as `lm_head.weight`
+(float32, the exact rows), because speculators' own loader never borrows the verifier's head.
 """
 
 from __future__ import annotations
@@ -21,13 +22,15 @@ def to_float16(model):
     return model
 
 
-def export_all(model, cfg, out: str | Path) -> list[Path]:
+def export_all(model, cfg, out: str | Path, target=None) -> list[Path]:
+    """target: the Target trained against (the speculators export records it as the
+    verifier and, with a reduced vocabulary, writes its head rows as lm_head.weight)."""
     from ..loading.drafter import save_drafter
 
     out = Path(out)
     to_float16(model)
     hf = out / "hf"
     gg = out / "drafter.gguf"
-    save_drafter(model, cfg, hf, HF_FORMAT)
-    save_drafter(model, cfg, gg, "gguf")
+    save_drafter(model, cfg, hf, HF_FORMAT, target=target)
+    save_drafter(model, cfg, gg, "gguf", target=target)
     return [hf, gg]
