@@ -23,6 +23,7 @@ openai = pytest.importorskip("openai")
 KEY = "test-key-123"
 PROMPT = "Write a Python function that reverses a string."
 SAMPLED = dict(temperature=0.8, top_p=0.9, seed=7)
+N_REF = 14  # greedy reference length
 
 
 def _free_port() -> int:
@@ -37,7 +38,16 @@ def _cli_generate(*args) -> subprocess.Popen:
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_path, tmp_path_factory):
+def _reference_procs(smollm2_path):
+    """Start `mlxspec generate` (same defaults as the server: shipped DSpark drafter), greedy and
+    sampled, before the server, so they load while it does."""
+    return {"greedy": _cli_generate("--prompt", PROMPT, "--max-tokens", str(N_REF)),
+            "sampled": _cli_generate("--prompt", PROMPT, "--max-tokens", "8", "--temp", "0.8", "--top-p", "0.9",
+                                     "--seed", "7")}
+
+
+@pytest.fixture(scope="module")
+def server(_reference_procs, tmp_path_factory):
     port = _free_port()
     log_path = tmp_path_factory.mktemp("serve") / "server.log"
     log = open(log_path, "w")
@@ -73,12 +83,9 @@ def server(smollm2_path, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(smollm2_path):
-    """`mlxspec generate` (same defaults as the server: shipped DSpark drafter), greedy and sampled."""
-    g = _cli_generate("--prompt", PROMPT, "--max-tokens", "24")
-    s = _cli_generate("--prompt", PROMPT, "--max-tokens", "12", "--temp", "0.8", "--top-p", "0.9", "--seed", "7")
+def reference(_reference_procs):
     out = {}
-    for name, p in (("greedy", g), ("sampled", s)):
+    for name, p in _reference_procs.items():
         stdout, stderr = p.communicate(timeout=300)
         assert p.returncode == 0, stderr
         assert stdout.endswith("\n")
@@ -134,30 +141,30 @@ def _assert_error(status, body, want_status, want_code=None):
 
 def test_chat_greedy_equals_generate(server, reference):
     c = _client(server)
-    r = _chat(c, server["model"], max_tokens=24, temperature=0)
+    r = _chat(c, server["model"], max_tokens=N_REF, temperature=0)
     assert r.choices[0].message.content == reference["greedy"]
     assert r.choices[0].message.role == "assistant"
     assert r.choices[0].finish_reason == "length"
     assert r.object == "chat.completion"
     u = r.usage
-    assert u.completion_tokens == 24 and u.total_tokens == u.prompt_tokens + 24 and u.prompt_tokens > 20
+    assert u.completion_tokens == N_REF and u.total_tokens == u.prompt_tokens + N_REF and u.prompt_tokens > 20
     ext = u.model_extra["mlxspec"]
     assert ext["speculative"].startswith("dspark") and ext["target_forwards"] >= 1
     assert 0 <= ext["acceptance_rate"] <= 1 and ext["tau"] >= 1 and ext["verify_time_s"] > 0
     # streaming: the same text, in several chunks, with usage at the end
     text, finish, usage, chunks = _stream_text(
-        _chat(c, server["model"], max_tokens=24, temperature=0, stream=True, stream_options={"include_usage": True}))
+        _chat(c, server["model"], max_tokens=N_REF, temperature=0, stream=True, stream_options={"include_usage": True}))
     assert text == reference["greedy"] and finish == "length" and chunks > 3
-    assert (usage.prompt_tokens, usage.completion_tokens) == (u.prompt_tokens, 24)
+    assert (usage.prompt_tokens, usage.completion_tokens) == (u.prompt_tokens, N_REF)
     # a request may turn speculation off: greedy output is the same
-    r2 = _chat(c, server["model"], max_tokens=24, temperature=0, extra_body={"speculative": False, "cache_prompt": False})
+    r2 = _chat(c, server["model"], max_tokens=N_REF, temperature=0, extra_body={"speculative": False, "cache_prompt": False})
     assert r2.choices[0].message.content == reference["greedy"]
     assert r2.usage.model_extra["mlxspec"]["speculative"] == "autoregressive"
 
 
 def test_sampled_with_seed_equals_generate(server, reference):
     c = _client(server)
-    r = _chat(c, server["model"], max_tokens=12, **SAMPLED)
+    r = _chat(c, server["model"], max_tokens=8, **SAMPLED)
     assert r.choices[0].message.content == reference["sampled"]
 
 
@@ -167,20 +174,20 @@ def test_stop_strings(server, reference):
     stop = "reverse_"
     assert stop in full, full
     want = full[: full.index(stop)]
-    r = _chat(c, server["model"], max_tokens=24, temperature=0, stop=[stop, "never-there"])
+    r = _chat(c, server["model"], max_tokens=N_REF, temperature=0, stop=[stop, "never-there"])
     assert r.choices[0].message.content == want
     assert r.choices[0].finish_reason == "stop"
-    text, finish, _, _ = _stream_text(_chat(c, server["model"], max_tokens=24, temperature=0, stop=stop, stream=True))
+    text, finish, _, _ = _stream_text(_chat(c, server["model"], max_tokens=N_REF, temperature=0, stop=stop, stream=True))
     assert text == want and finish == "stop"  # no partial "rev..." leaked into the stream
 
 
 def test_completions(server):
     c = _client(server)
     prompt = "def fibonacci(n):\n    "
-    r = c.completions.create(model=server["model"], prompt=prompt, max_tokens=10, temperature=0)
+    r = c.completions.create(model=server["model"], prompt=prompt, max_tokens=6, temperature=0)
     assert r.object == "text_completion" and r.choices[0].finish_reason == "length"
-    assert r.usage.completion_tokens == 10 and r.choices[0].text
-    s = c.completions.create(model=server["model"], prompt=prompt, max_tokens=10, temperature=0, stream=True,
+    assert r.usage.completion_tokens == 6 and r.choices[0].text
+    s = c.completions.create(model=server["model"], prompt=prompt, max_tokens=6, temperature=0, stream=True,
                              stream_options={"include_usage": True})
     text, finish, usage, _ = _stream_text(s)
     assert text == r.choices[0].text and finish == "length"
@@ -193,13 +200,13 @@ def test_prefix_cache_multi_turn(server):
     c = _client(server)
     m = server["model"]
     msgs = [{"role": "user", "content": "Name three colours."}]
-    t1 = c.chat.completions.create(model=m, messages=msgs, max_tokens=8, temperature=0)
+    t1 = c.chat.completions.create(model=m, messages=msgs, max_tokens=6, temperature=0)
     msgs2 = msgs + [{"role": "assistant", "content": t1.choices[0].message.content},
                     {"role": "user", "content": "And three animals?"}]
-    cold = c.chat.completions.create(model=m, messages=msgs2, max_tokens=8, temperature=0,
+    cold = c.chat.completions.create(model=m, messages=msgs2, max_tokens=6, temperature=0,
                                      extra_body={"cache_prompt": False})
-    warm = c.chat.completions.create(model=m, messages=msgs2, max_tokens=8, temperature=0)
-    again = c.chat.completions.create(model=m, messages=msgs2, max_tokens=8, temperature=0)
+    warm = c.chat.completions.create(model=m, messages=msgs2, max_tokens=6, temperature=0)
+    again = c.chat.completions.create(model=m, messages=msgs2, max_tokens=6, temperature=0)
     assert cold.usage.prompt_tokens_details.cached_tokens == 0
     n_warm = warm.usage.prompt_tokens_details.cached_tokens
     assert n_warm >= t1.usage.prompt_tokens  # at least turn 1's prompt was reused
@@ -212,7 +219,7 @@ def test_concurrent_clients(server):
     m = server["model"]
     prompts = ["Name a fruit.", "What is 2 + 2?", "Say hello in French."]
     c = _client(server)
-    want = [_chat(c, m, p, max_tokens=8, temperature=0, extra_body={"cache_prompt": False}).choices[0].message.content
+    want = [_chat(c, m, p, max_tokens=6, temperature=0, extra_body={"cache_prompt": False}).choices[0].message.content
             for p in prompts]
     got, errors = [None] * 3, []
 
@@ -220,9 +227,9 @@ def test_concurrent_clients(server):
         try:
             cl = _client(server)
             if i % 2:
-                got[i] = _chat(cl, m, prompts[i], max_tokens=8, temperature=0).choices[0].message.content
+                got[i] = _chat(cl, m, prompts[i], max_tokens=6, temperature=0).choices[0].message.content
             else:
-                got[i] = _stream_text(_chat(cl, m, prompts[i], max_tokens=8, temperature=0, stream=True))[0]
+                got[i] = _stream_text(_chat(cl, m, prompts[i], max_tokens=6, temperature=0, stream=True))[0]
         except Exception as e:  # noqa: BLE001
             errors.append(repr(e))
 
@@ -361,3 +368,77 @@ def test_sigterm_mid_stream_exits_0(server):
     with pytest.raises(Exception):  # the stream ends early (cancelled): it never completes normally
         for ch in it:
             assert not (ch.choices and ch.choices[0].finish_reason == "length")
+
+
+# ----------------------------------------------------------------------------- prompt cache (in process)
+
+def _filled(kind, n, seed):
+    import mlx.core as mx
+    from mlx_lm.models import cache as C
+
+    c = {"kv": C.KVCache, "quantized": lambda: C.QuantizedKVCache(group_size=32, bits=8),
+         "rotating": lambda: C.RotatingKVCache(max_size=64)}[kind]()
+    mx.random.seed(seed)
+    k = mx.random.normal((1, 2, n, 32))
+    c.update_and_fetch(k, k + 1)
+    return [c]
+
+
+def _state(cache):
+    import mlx.core as mx
+    import numpy as np
+    from mlx.utils import tree_flatten
+
+    return [np.array(a[:, :, :40]) for _, a in tree_flatten(cache[0].state) if isinstance(a, mx.array)]
+
+
+@pytest.mark.parametrize("kind", ["kv", "quantized", "rotating"])
+def test_prompt_cache_prefix_copy_and_lru(kind):
+    import mlx.core as mx
+    import numpy as np
+
+    from mlxspec.server.prompt_cache import PromptCache
+
+    pc = PromptCache(max_bytes=1 << 30)
+    toks = list(range(100, 140))
+    cache = _filled(kind, 40, 0)
+    before = _state(cache)
+    taps = mx.arange(40, dtype=mx.float32).reshape(1, 40, 1)
+    assert pc.store(toks, cache, taps)
+    # a prompt sharing 30 tokens then diverging: the trimmed copy (trimmable kinds) or nothing
+    hit = pc.fetch(toks[:30] + [1, 2, 3], need_taps=True)
+    if kind == "rotating" and not cache[0].is_trimmable():
+        assert hit is None
+    else:
+        assert hit is not None and hit.n == 30 and hit.cache[0].offset == 30
+        assert hit.taps.shape[1] == 30 and float(hit.taps[0, -1, 0]) == 29.0
+        hit.cache[0].update_and_fetch(mx.zeros((1, 2, 5, 32)), mx.zeros((1, 2, 5, 32)))  # the request writes on
+    # the whole entry plus more: every kind reuses it all, and the entry was never mutated
+    hit = pc.fetch(toks + [7, 8], need_taps=True)
+    assert hit is not None and hit.n == 40
+    hit.cache[0].update_and_fetch(mx.zeros((1, 2, 2, 32)), mx.zeros((1, 2, 2, 32)))
+    for a, b in zip(before, _state(pc.entries[next(iter(pc.entries))].cache)):
+        np.testing.assert_array_equal(a, b)
+    # at least one token of the prompt is always left to prefill
+    assert pc.fetch(toks, need_taps=True).n == 39 or kind == "rotating"
+    # an entry without taps does not serve a drafter that needs them
+    pc2 = PromptCache(1 << 30)
+    pc2.store(toks, _filled(kind, 40, 0), None)
+    assert pc2.fetch(toks + [1], need_taps=True) is None and pc2.fetch(toks + [1], need_taps=False).n == 40
+
+
+def test_prompt_cache_byte_bound_is_lru():
+    from mlxspec.server.prompt_cache import PromptCache, cache_nbytes, compact
+
+    c0 = _filled("kv", 40, 0)
+    compact(c0)
+    one = cache_nbytes(c0)
+    pc = PromptCache(max_bytes=int(2.5 * one))
+    for i in range(3):
+        assert pc.store([i] * 40, _filled("kv", 40, i), None)
+    assert len(pc) == 2 and pc.nbytes <= pc.max_bytes
+    assert pc.fetch([0] * 41, need_taps=False) is None  # the oldest went first
+    assert pc.fetch([1] * 41, need_taps=False).n == 40
+    pc.store([3] * 40, _filled("kv", 40, 3), None)  # 1 was used last, so 2 goes
+    assert pc.fetch([2] * 41, need_taps=False) is None and pc.fetch([1] * 41, need_taps=False) is not None
+    assert not PromptCache(max_bytes=one // 2).store([0] * 40, _filled("kv", 40, 0), None)  # too big to keep
