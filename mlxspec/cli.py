@@ -52,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-chat-template", action="store_true")
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     g.add_argument("--verbose", type=_bool, default=True, help="print the footer (True/False)")
+    from .distributed import add_dist_args  # --dist-mode, --check, --dist-timeout (under mlx.launch)
+
+    add_dist_args(g)
 
     i = sub.add_parser("inspect", help="describe a GGUF file or model directory and what mlxspec makes of it")
     i.add_argument("path")
@@ -174,7 +177,9 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     try:
         if a.cmd == "generate":
-            return cmd_generate(a)
+            from . import distributed
+
+            return distributed.cmd_generate(a) if distributed.launched() else cmd_generate(a)
         if a.cmd == "inspect":
             return cmd_inspect(a)
         if a.cmd == "convert":

@@ -1,0 +1,180 @@
+"""The target sharded over two local ranks (mlx.launch, ring backend on 127.0.0.1): the
+speculative output must equal the single-process output token for token, greedy and sampled;
+a dead or stopped rank must end the other with one line, not a hang.
+
+Tiny random-weight llama / qwen2 / qwen3 targets are built from mlx-lm's classes and saved as
+MLX model dirs (every rank loads the same weights); SmolLM2 is the default GGUF target with
+the shipped DSpark drafter (9 heads: not divisible by 2, so pipeline parallel).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from dist_models import FAMILIES, VOCAB, write_tiny_target  # noqa: E402
+
+from mlxspec import api  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+LAUNCH = str(Path(PY).parent / "mlx.launch")
+WORKER = str(Path(__file__).parent / "dist_worker.py")
+
+PROMPT = [11, 42, 7, 99, 123, 5, 64, 200, 17, 3]
+TINY_CASES = [
+    {"prompt": PROMPT, "max_tokens": 20, "temp": 0.0},
+    {"prompt": PROMPT, "max_tokens": 20, "temp": 0.8, "top_p": 0.95, "seed": 3},
+]
+# (run id, family, dist mode): one tensor-parallel run per family mlxspec's Target loads
+# (mlx-lm shards all three), plus pipeline parallel forced on two of them.
+TINY_RUNS = [("llama-tensor", "llama", "auto"), ("qwen2-tensor", "qwen2", "auto"),
+             ("qwen3-tensor", "qwen3", "auto"), ("llama-pipeline", "llama", "pipeline"),
+             ("qwen3-pipeline", "qwen3", "pipeline")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(job: dict, tmp: Path, timeout: float = 400) -> dict:
+    """Run tests/dist_worker.py on 2 local ranks with mlx.launch; rank 0's RESULT line."""
+    jp = tmp / f"job{free_port()}.json"
+    jp.write_text(json.dumps(job))
+    r = subprocess.run([LAUNCH, "--backend", "ring", "--hosts", "127.0.0.1", "-n", "2", "-p", str(free_port()),
+                        "--", PY, WORKER, str(jp)], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert lines, f"no result (rc={r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    assert "mlxspec: error" not in r.stderr, r.stderr[-3000:]
+    return json.loads(lines[0][len("RESULT "):])
+
+
+def tiny_drafter(path: Path) -> str:
+    from mlxspec.loading.drafter import save_drafter
+    from mlxspec.models.dflash import DFlashModel, DrafterConfig
+
+    cfg = DrafterConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=16, block_size=4, target_layer_ids=[0, 2],
+                        mask_token_id=5, vocab_size=VOCAB, sample_from_anchor=True, rope_theta=1e4,
+                        markov_rank=8, confidence_head=True)
+    mx.random.seed(1)
+    m = DFlashModel(cfg)
+    mx.eval(m.parameters())
+    save_drafter(m, cfg, str(path), "deepspec")
+    return str(path)
+
+
+def single_process(model, draft, cases) -> list[dict]:
+    """The reference: the same generation in this process, unsharded."""
+    target, tok, spec = api.load(model, draft, log=open(os.devnull, "w"))
+    out = []
+    for c in cases:
+        toks, last = [], None
+        for r in api.stream_generate(target, tok, c["prompt"], spec, c.get("max_tokens", 24), c.get("temp", 0.0),
+                                     c.get("top_p", 1.0), 0, c.get("seed", 0)):
+            toks.append(r.token)
+            last = r
+        out.append({"tokens": toks, "accepted": last.stats.accepted, "drafted": last.stats.drafted})
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Every tiny run in ONE mlx.launch job (start-up dominates on a 2-core machine)."""
+    tmp = tmp_path_factory.mktemp("dist")
+    dirs = {f: write_tiny_target(tmp / f, f) for f in FAMILIES}
+    draft = tiny_drafter(tmp / "drafter")
+    job = {"runs": [{"model": dirs[fam], "draft": draft, "mode": mode, "check": True, "timeout": 120,
+                     "cases": TINY_CASES} for _, fam, mode in TINY_RUNS]}
+    res = launch(job, tmp)
+    ref = {fam: single_process(dirs[fam], draft, TINY_CASES) for fam in FAMILIES}
+    return {rid: (run, ref[fam]) for (rid, fam, _), run in zip(TINY_RUNS, res["runs"])}
+
+
+@pytest.mark.parametrize("rid", [r[0] for r in TINY_RUNS])
+def test_tiny_equals_single_process(tiny, rid):
+    run, ref = tiny[rid]
+    assert run["mode"] == rid.split("-")[1], run["describe"]
+    for got, want in zip(run["cases"], ref):
+        assert got["tokens"] == want["tokens"]  # greedy, then sampled with the same seed
+        assert (got["accepted"], got["drafted"]) == (want["accepted"], want["drafted"])  # taps were full
+    assert run["cases"][0]["drafted"] > 0
+
+
+def test_smollm2_pipeline_equals_single_process(smollm2_path, tmp_path):
+    from mlxspec.loading.target import load_target
+
+    _, tok = load_target(str(smollm2_path))
+    text = tok.apply_chat_template([{"role": "user", "content": "Write a Python function that reverses a string."}],
+                                   add_generation_prompt=True)
+    ids = tok.encode(text, add_special_tokens=False)
+    cases = [{"prompt": ids, "max_tokens": 16, "temp": 0.0},
+             {"prompt": ids, "max_tokens": 8, "temp": 0.7, "top_p": 0.9, "seed": 1}]
+    res = launch({"runs": [{"model": None, "draft": "auto", "check": True, "timeout": 300, "cases": cases}]},
+                 tmp_path)["runs"][0]
+    assert res["mode"] == "pipeline", res["describe"]  # 9 heads do not split over 2 ranks
+    ref = single_process(None, "auto", cases)
+    for got, want in zip(res["cases"], ref):
+        assert got["tokens"] == want["tokens"]
+        assert (got["accepted"], got["drafted"]) == (want["accepted"], want["drafted"])
+    assert res["cases"][0]["accepted"] > 0
+
+
+def _spawn_ranks(job_path: Path, port: int, tmp: Path):
+    """The two ranks as mlx.launch starts them (MLX_RANK, MLX_HOSTFILE), but with their pids
+    in hand so the test can kill or stop one. (Under mlx.launch the launcher itself also
+    terminates the survivors when a rank exits.)"""
+    hf = tmp / "hosts.json"
+    hf.write_text(json.dumps([[f"127.0.0.1:{port}"], [f"127.0.0.1:{port + 1}"]]))
+    procs = []
+    for rank in (0, 1):
+        env = dict(os.environ, MLX_RANK=str(rank), MLX_HOSTFILE=str(hf), MLX_WORLD_SIZE="2")
+        procs.append(subprocess.Popen([PY, WORKER, str(job_path)], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, cwd=ROOT))
+    return procs
+
+
+@pytest.mark.parametrize("how", ["kill", "stop"])
+def test_dead_or_stopped_rank_gives_one_line_error(tmp_path, how):
+    d = write_tiny_target(tmp_path / "llama", "llama")
+    timeout = 6
+    job = {"runs": [{"model": d, "draft": None, "check": True, "timeout": timeout,
+                     "cases": [{"prompt": PROMPT, "max_tokens": 400, "progress": True}]}]}
+    jp = tmp_path / "job.json"
+    jp.write_text(json.dumps(job))
+    r0, r1 = _spawn_ranks(jp, free_port(), tmp_path)
+    try:
+        line = ""
+        deadline = time.monotonic() + 240
+        while "TOKEN 3" not in line:  # generation is under way on both ranks
+            assert time.monotonic() < deadline and r0.poll() is None, r0.stderr.read()[-2000:]
+            line = r0.stdout.readline()
+        r1.send_signal(signal.SIGKILL if how == "kill" else signal.SIGSTOP)
+        t = time.monotonic()
+        rc = r0.wait(timeout=timeout + 30)
+        took = time.monotonic() - t
+        err = r0.stderr.read()
+        errs = [ln for ln in err.splitlines() if ln.startswith("mlxspec: error")]
+        assert rc == 2, err[-2000:]
+        assert len(errs) == 1 and "rank 1" in errs[0], err[-2000:]
+        if how == "stop":
+            assert "did not answer within" in errs[0] and took >= timeout - 1
+        else:
+            assert "lost rank 1" in errs[0]
+    finally:
+        for p in (r0, r1):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
