@@ -12,5 +12,6 @@ class MlxspecError(ValueError):
     exit_code = 2
 
     def __init__(self, message: str):
-        # Keep it to one line: the CLI prints str(e) as is.
-        super().__init__(" ".join(str(message).split("\n")))
+        # One line (the CLI prints str(e) as is), even when the message quotes bytes from a corrupt file.
+        text = " ".join(str(message).splitlines())
+        super().__init__("".join(c if c.isprintable() else "?" for c in text))

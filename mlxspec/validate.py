@@ -33,6 +33,10 @@ def _is_num(v) -> bool:
 
 
 def _range(lo, hi, lo_open=False, hi_open=False) -> str:
+    if lo is None and hi is None:
+        return ""
+    if lo is None:
+        return f"{'<' if hi_open else '<='} {hi}"
     if hi is None:
         return f"{'>' if lo_open else '>='} {lo}"
     return f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"

@@ -183,6 +183,9 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
     raw_infos = []
     for _ in range(n_tensors):
         name = cur.string()
+        if len(name.encode("utf-8", errors="replace")) >= 64:  # GGML_MAX_NAME, as llama.cpp checks
+            raise MlxspecError(f"{path}: tensor name {name[:40]!r}... is {len(name)} characters long (GGUF allows "
+                               "63); the tensor table is corrupt, download the file again")
         nd = cur.scalar(4)
         if not 1 <= nd <= MAX_DIMS:
             raise MlxspecError(f"{path}: tensor {name!r} has {nd} dimensions (GGUF allows 1 to {MAX_DIMS}); "
@@ -236,6 +239,8 @@ def validate_tensor_table(path: str, raw_infos, data_start: int, align: int, siz
         else:
             nbytes = -1  # unknown: size cannot be computed
         if expected is not None and off != expected:
+            if not tensors:
+                raise MlxspecError(f"{path}: the first tensor {name} starts at data offset {off}, expected 0; {fix}")
             prev = tensors[-1]
             raise MlxspecError(f"{path}: tensor {name} starts at data offset {off}, expected {expected} right after "
                                f"{prev.name} ({prev.type_name}, {prev.nbytes} bytes by its type and shape): overlapping "

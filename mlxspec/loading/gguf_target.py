@@ -269,6 +269,10 @@ def check_tensor_shapes(g: GGUFFile, cfg: dict) -> None:
     want = expected_shapes(cfg)
     tmap = g.tensor_map()
     for t in g.tensors:
+        m = re.match(r"blk\.(\d+)\.", t.name)
+        if m and int(m.group(1)) >= cfg["num_hidden_layers"]:
+            raise MlxspecError(f"{g.path}: tensor {t.name} belongs to layer {m.group(1)} but the metadata declares "
+                               f"{cfg['num_hidden_layers']} layers ({cfg['model_type']}.block_count); the file is corrupt")
         shape = want.get(t.name)
         if shape is not None and tuple(t.shape) != shape:
             raise MlxspecError(

@@ -802,6 +802,9 @@ def _meta_int(md: dict, key: str) -> int | None:
         return None
     if isinstance(v, np.ndarray):
         v = v.reshape(-1)[0]
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        raise MlxspecError(f"GGUF tokenizer metadata {key} is {str(v)[:40]!r} ({type(v).__name__}), expected an "
+                           "integer; the file is corrupt")
     return int(v)
 
 
@@ -811,6 +814,9 @@ def _meta_bool(md: dict, key: str) -> bool | None:
         return None
     if isinstance(v, np.ndarray):
         v = v.reshape(-1)[0]
+    if not isinstance(v, (bool, np.bool_)):
+        raise MlxspecError(f"GGUF tokenizer metadata {key} is {str(v)[:40]!r} ({type(v).__name__}), expected true or "
+                           "false; the file is corrupt")
     return bool(v)
 
 
@@ -818,9 +824,12 @@ def _meta_str(md: dict, key: str) -> str | None:
     v = md.get(key)
     if v is None:
         return None
-    if isinstance(v, (bytes, bytearray, np.ndarray)):
+    if isinstance(v, (bytes, bytearray)):
         v = bytes(v).decode("utf-8", errors="replace")
-    return str(v)
+    if not isinstance(v, str):
+        raise MlxspecError(f"GGUF metadata {key} is {str(v)[:40]!r} ({type(v).__name__}), expected a string; "
+                           "the file is corrupt")
+    return v
 
 
 def load_gguf_tokenizer(metadata: dict) -> Tokenizer:
@@ -843,13 +852,17 @@ def load_gguf_tokenizer(metadata: dict) -> Tokenizer:
     tokens = _as_list(md.get("tokenizer.ggml.tokens"))
     if not tokens:
         raise MlxspecError("the GGUF metadata has no token list (tokenizer.ggml.tokens)")
-    tokens = [t if isinstance(t, str) else bytes(t).decode("utf-8", errors="replace") for t in tokens]
+    if not all(isinstance(t, str) for t in tokens):
+        raise MlxspecError("tokenizer.ggml.tokens holds non-string entries; the file is corrupt")
     n = len(tokens)
     for i, t in enumerate(tokens):
         if not t:
             tokens[i] = f"[EMPTY_{i}]"  # as llama.cpp
     types = md.get("tokenizer.ggml.token_type")
-    types = [TOKEN_NORMAL] * n if types is None else [int(x) for x in _as_list(types)][:n]
+    types = [TOKEN_NORMAL] * n if types is None else _as_list(types)[:n]
+    if not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) and 0 <= x <= 7 for x in types):
+        raise MlxspecError("tokenizer.ggml.token_type holds entries that are not token types (integers 0..7); "
+                           "the file is corrupt")
     if len(types) < n:
         raise MlxspecError(f"tokenizer.ggml.token_type has {len(types)} entries for {n} tokens; the file is corrupt")
     pre_name = _meta_str(md, "tokenizer.ggml.pre")
@@ -926,13 +939,17 @@ def load_gguf_tokenizer(metadata: dict) -> Tokenizer:
         merges = []
         for m in raw_merges:
             if not isinstance(m, str):
-                m = bytes(m).decode("utf-8", errors="replace")
+                raise MlxspecError("tokenizer.ggml.merges holds non-string entries; the file is corrupt")
             p = m.find(" ", 1)
             if p > 0:
                 merges.append((m[:p], m[p + 1:]))
-        hf_model = models.BPE(
-            vocab=vocab, merges=merges, ignore_merges=ignore_merges, byte_fallback=not byte_encode,
-        )
+        try:
+            hf_model = models.BPE(
+                vocab=vocab, merges=merges, ignore_merges=ignore_merges, byte_fallback=not byte_encode,
+            )
+        except Exception as e:  # the tokenizers library's own error, e.g. a merge of unknown tokens
+            raise MlxspecError(f"tokenizer.ggml.merges do not fit tokenizer.ggml.tokens "
+                               f"({str(e).splitlines()[0][:100]}); the file is corrupt") from None
         hf = HFTokenizer(hf_model)
         if pre is not None:
             steps = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in pre.regexes]

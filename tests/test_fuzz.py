@@ -1,0 +1,207 @@
+"""mlxspec's own fuzz suite (issue 16): hostile inputs never give a traceback, crash, hang,
+memory blow-up or silent wrong model.
+
+`test_fuzz_suite` runs a few hundred seeded cases (tests/fuzz_harness.py: GGUF target and
+drafter mutations made with GGUFWriter and raw structural byte edits, drafter config.json and
+safetensors mutations, CLI flag and API argument boundaries, FIFOs) in a worker process under
+a memory cap and a time limit; each must end as a one-line error with exit 2 or a run whose
+output equals the uncorrupted baseline. The other tests pin exact messages of each class.
+A larger run: `scripts/fuzz.py --cases N --seed S`.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import fuzz_harness as fh  # noqa: E402
+
+from mlxspec.errors import MlxspecError  # noqa: E402
+
+N_CASES = int(os.environ.get("MLXSPEC_FUZZ_CASES", "300"))
+
+
+def test_fuzz_suite(tmp_path):
+    results, baseline = fh.run_cases(N_CASES, 0, str(tmp_path))
+    assert baseline.strip(), "the baseline run printed nothing"
+    bad = [f"{v} {c.group} {c.id}: {c.desc} -> {d[:200]}" for c, v, d, _ in results if v not in fh.GOOD]
+    print(fh.verdict_table(results))
+    assert not bad, "\n".join(bad)
+    verdicts = {v for _, v, *_ in results}
+    assert len(results) == N_CASES and {"error", "same", "ok"} <= verdicts
+    groups = {c.group for c, *_ in results}
+    assert {"gguf-target", "hf-drafter", "raw-target", "raw-drafter", "flags", "api", "files"} <= groups
+
+
+# ----------------------------------------------------------------------------- exact outcomes
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory):
+    return fh.Fixtures(str(tmp_path_factory.mktemp("fuzzfx")))
+
+
+def cli(argv, stdin=b""):
+    from mlxspec import cli as cli_mod
+
+    out, err, saved = io.StringIO(), io.StringIO(), (sys.stdout, sys.stderr, sys.stdin)
+    sys.stdout, sys.stderr, sys.stdin = out, err, io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8")
+    os.environ["MLXSPEC_NO_BLAS_REEXEC"] = "1"
+    try:
+        try:
+            rc = cli_mod.main(argv)
+        except SystemExit as e:
+            rc = e.code
+    finally:
+        sys.stdout, sys.stderr, sys.stdin = saved
+    return rc, out.getvalue(), err.getvalue()
+
+
+def one_error(rc, err) -> str:
+    lines = [ln for ln in err.splitlines() if ln.startswith("mlxspec: error: ")]
+    assert rc == 2 and len(lines) == 1 and err.rstrip().endswith(lines[0]), err
+    return lines[0][len("mlxspec: error: "):]
+
+
+def test_mlxspec_error_is_a_value_error_and_one_line():
+    e = MlxspecError("a\nb\rc\x1dd\x00e")
+    assert isinstance(e, ValueError) and str(e) == "a b c d?e"
+
+
+@pytest.mark.parametrize("flag,value,msg", [
+    ("--max-tokens", "0", "max_tokens (--max-tokens) 0 is out of range: pass an integer >= 1"),
+    ("--temp", "nan", "temp (--temp) nan is out of range: pass a finite number >= 0.0"),
+    ("--top-p", "1.5", "top_p (--top-p) 1.5 is out of range: pass a finite number in (0.0, 1.0]"),
+    ("--top-k", "-1", "top_k (--top-k) -1 is out of range: pass an integer >= 0"),
+    ("--seed", "-1", f"seed (--seed) -1 is out of range: pass an integer in [0, {2**63 - 1}]"),
+    ("--p-min", "1.1", "p_min (--p-min) 1.1 is out of range: pass a finite number in [0.0, 1.0]"),
+])
+def test_flags_out_of_range(fx, flag, value, msg):
+    rc, out, err = cli(fx.base_argv(extra=[flag, value]))
+    assert one_error(rc, err) == msg and out == ""
+
+
+def test_prompt_refusals(fx):
+    argv = fx.base_argv()
+    i = argv.index("--prompt") + 1
+    rc, _, err = cli(argv[:i] + ["-"] + argv[i + 1:], stdin=b"the \xff the")
+    assert one_error(rc, err) == "stdin is not UTF-8 text (invalid byte at offset 4); pass the prompt as UTF-8"
+    rc, _, err = cli(argv[:i] + [""] + argv[i + 1:])
+    assert one_error(rc, err) == "the prompt is empty; pass some text with --prompt (or on stdin with --prompt -)"
+    rc, _, err = cli(argv + ["--system-prompt", "x", "--ignore-chat-template"])
+    assert one_error(rc, err) == ("--system-prompt needs the chat template; drop --ignore-chat-template or put the "
+                                  "system text into --prompt")
+    rc, _, err = cli(argv[:i] + ["the " * 600] + argv[i + 1:])
+    assert one_error(rc, err) == ("the prompt (602 tokens) plus max_tokens (6) exceeds the model's context length "
+                                  "(512 tokens); shorten the prompt or lower --max-tokens")
+
+
+def test_fifo_model_is_refused_not_opened(fx, tmp_path):
+    p = tmp_path / "m.gguf"
+    os.mkfifo(p)
+    rc, _, err = cli(fx.base_argv(model=str(p)))
+    assert one_error(rc, err) == f"{p}: not a regular file (FIFO, socket or device); pass a regular GGUF file"
+
+
+def _patch(data: bytes, layout, kind: str, index: int, value: bytes) -> bytes:
+    f = [x for x in layout if x[0] == kind][index]
+    return data[:f[1]] + value + data[f[1] + len(value):]
+
+
+def test_gguf_tensor_table_errors_name_the_tensor(fx, tmp_path):
+    from mlxspec.loading.gguf_file import read_gguf
+
+    p = tmp_path / "t.gguf"
+    offs = [x for x in fx.layout if x[0] == "t_offset"]
+    p.write_bytes(_patch(fx.target_bytes, fx.layout, "t_offset", 1, fx.target_bytes[offs[0][1]:offs[0][1] + 8]))
+    with pytest.raises(MlxspecError, match=r"tensor blk\.0\.attn_norm\.weight starts at data offset 0, expected \d+ "
+                                           r"right after token_embd\.weight \(F16, 139264 bytes by its type and shape\)"):
+        read_gguf(p)
+    p.write_bytes(_patch(fx.target_bytes, fx.layout, "t_ndims", 0, struct.pack("<I", 5)))
+    with pytest.raises(MlxspecError, match=r"tensor 'token_embd\.weight' has 5 dimensions \(GGUF allows 1 to 4\)"):
+        read_gguf(p)
+
+
+def test_gguf_metadata_is_typed_and_ranged(fx, tmp_path):
+    from mlxspec.loading.gguf_target import load_gguf_target
+
+    cases = [("llama.attention.head_count", fh.U32, 0, "llama.attention.head_count is 0, expected an integer in "
+                                                       "[1, 1048576]"),
+             ("llama.block_count", fh.ARR, [1, 2], "llama.block_count is [1, 2] (list), expected an integer"),
+             ("llama.rope.freq_base", fh.F32, float("nan"), "llama.rope.freq_base is nan, expected a finite number "
+                                                            "in (0, 1000000000000.0]")]
+    for key, vt, v, msg in cases:
+        md = [(k, vt, v, fh.I32 if vt == fh.ARR else None) if k == key else m
+              for m in fx.md for k in [m[0]]]
+        p = tmp_path / "m.gguf"
+        fh.write_gguf_file(p, "llama", md, fx.tensors)
+        with pytest.raises(MlxspecError) as e:
+            load_gguf_target(str(p))
+        assert msg in str(e.value) and str(p) in str(e.value)
+
+
+def _drafter_copy(fx, tmp_path, config=None, tensors=None):
+    import shutil
+
+    from safetensors.numpy import load_file, save_file
+
+    d = tmp_path / "drafter"
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(fx.drafter, d)
+    if config:
+        c = json.loads((d / "config.json").read_text())
+        c.update(config)
+        (d / "config.json").write_text(json.dumps(c))
+    if tensors:
+        t = load_file(d / "model.safetensors")
+        tensors(t)
+        save_file(t, d / "model.safetensors")
+    return str(d)
+
+
+def test_drafter_config_and_weights(fx, tmp_path):
+    from mlxspec.loading.drafter import load_drafter
+
+    def err(**kw):
+        with pytest.raises(MlxspecError) as e:
+            load_drafter(_drafter_copy(fx, tmp_path, **kw), log=io.StringIO())
+        return str(e.value).split(": ", 1)[1]
+
+    assert err(config={"aux_hidden_state_layer_ids": [1.5]}) == (
+        "aux_hidden_state_layer_ids holds 1.5, expected integers in [0, 1024]; fix the drafter's config.json or "
+        "download the drafter again")
+    assert err(config={"aux_hidden_state_layer_ids": [1, 1]}).startswith("aux_hidden_state_layer_ids repeats 1;")
+    assert err(config={"block_size": 0}).startswith("block_size is 0, expected an integer in [1, 256];")
+    assert err(config={"block_size": 10**9}).startswith("block_size is 1000000000, expected an integer in [1, 256];")
+
+    def nan(t):
+        a = t["fc.weight"].copy()
+        a[0, 0] = np.nan
+        t["fc.weight"] = a
+    assert err(tensors=nan) == "tensor fc.weight holds NaN or Inf values; the weights are corrupt, re-export them"
+
+    def d2t(t):
+        t["d2t"] = t["d2t"].copy()
+        t["d2t"][-1] = 10**6
+    assert err(tensors=d2t).startswith("d2t maps draft ids to target ids 1..")
+
+
+def test_verification_never_emits_from_nonfinite_probabilities():
+    from mlxspec.spec.verify import accept_sampled, sample_token
+
+    rng = np.random.default_rng(0)
+    p = np.full((2, 4), 0.25)
+    q_bad = np.array([[math.nan] * 4])
+    a, tok = accept_sampled([3], q_bad, p, rng)  # a broken draft row: the target is sampled there
+    assert a == 0 and 0 <= tok < 4
+    with pytest.raises(MlxspecError, match="non-finite"):
+        accept_sampled([3], np.full((1, 4), 0.25), np.full((2, 4), math.nan), rng)
+    with pytest.raises(MlxspecError, match="non-finite"):
+        sample_token(np.zeros(4), rng)
