@@ -1,13 +1,19 @@
-"""The target model: an mlx-lm model plus hidden-state taps and a trimmable cache.
+"""The target model: an mlx-lm model plus hidden-state taps and an exactly rollbackable cache.
 
-`Target` wraps any mlx-lm dense decoder whose module tree is `model.embed_tokens`,
-`model.layers`, `model.norm` (+ `lm_head` or tied embeddings): Llama, Qwen2, Qwen3.
-It does not fork those classes; it only walks their layers so it can keep the
-residual-stream output of chosen layers ("taps").
+`Target` runs the mlx-lm model's OWN forward (its masks, its `make_cache()`, its layer
+loop): taps are taken by swapping the tapped entries of the decoder's `layers` list for
+thin recording wrappers for the duration of one call, so any architecture mlx-lm runs
+(Llama, Qwen2/3, Qwen3-MoE, Mistral, Gemma-3 with sliding windows, Qwen3.5 with Gated
+DeltaNet layers, ...) is a target, provided its caches can be rolled back exactly
+(`models.rollback`: KV trim, rotating-window restore, recurrent-state replay). Anything
+else gets a one-line `MlxspecError` naming the architecture.
 
 Tap convention (the one used everywhere inside mlxspec): tap id k = the output of
 decoder layer k (0-based) = HF `hidden_states[k + 1]`. File formats with other
 conventions are converted once, at load time.
+
+The wrappers exist only inside a call (the module tree, parameter names, `shard()` and
+saving see the plain model); a Target is not meant to be called from two threads at once.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ from typing import Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.base import create_attention_mask
-from mlx_lm.models.cache import KVCache
+from mlx_lm.models.cache import make_prompt_cache
+
+from ..errors import MlxspecError
+from .rollback import REPLAY_MAX, TargetCache, cache_kind, slice_rows
 
 
 @dataclass
@@ -33,34 +41,166 @@ class TargetInfo:
     notes: list = field(default_factory=list)
 
 
+class _Stop(Exception):
+    """Raised after the deepest tap of a logits="none" pass: the rest is not needed."""
+
+
+class _Hook:
+    """Stands in for one decoder layer during a call: forwards every attribute to it and
+    routes the call through `fn(layer, *args, **kwargs)`."""
+
+    def __init__(self, layer, fn):
+        self._mlxspec_layer = layer
+        self._mlxspec_fn = fn
+
+    def __getattr__(self, name):
+        return getattr(self._mlxspec_layer, name)
+
+    def __call__(self, *args, **kwargs):
+        return self._mlxspec_fn(self._mlxspec_layer, *args, **kwargs)
+
+
+class _LastRow(nn.Module):
+    """The final norm, applied to the last position only (logits="last")."""
+
+    def __init__(self, norm):
+        super().__init__()
+        self.inner = norm
+
+    def __call__(self, h):
+        return self.inner(h[:, -1:])
+
+
+def _decoder(model: nn.Module):
+    """The module holding `embed_tokens` and the `layers` list (model.model for mlx-lm's
+    text models, language_model.model for the multimodal wrappers)."""
+    for m in (getattr(model, "model", None), getattr(getattr(model, "language_model", None), "model", None)):
+        if isinstance(m, nn.Module) and isinstance(m.get("layers") if isinstance(m, dict) else None, list) \
+                and "embed_tokens" in m:
+            return m
+    return None
+
+
+def _model_type(model, config) -> str:
+    return str(config.get("model_type") or getattr(getattr(model, "args", None), "model_type", "")
+               or type(model).__module__.rsplit(".", 1)[-1])
+
+
 class Target:
+    #: "replay" or "capture": how recurrent (ArraysCache) layers are rolled back (models/rollback.py)
+    recurrent_rollback = "replay"
+
     def __init__(self, model: nn.Module, config: dict, source: str = "", notes=None):
         self.model = model
         self.config = config
-        inner = model.model
+        mt = _model_type(model, config)
+        inner = _decoder(model)
+        if inner is None:
+            raise MlxspecError(
+                f"model_type '{mt}' is not supported as a target: mlxspec needs an mlx-lm decoder with "
+                f"embed_tokens and a list of layers ({type(model).__name__} has neither)")
+        self.inner = inner
+        head = getattr(model, "language_model", None)
+        self._head = head if isinstance(head, nn.Module) and getattr(head, "model", None) is inner else model
+        try:
+            kinds = [cache_kind(c) for c in make_prompt_cache(model)]
+        except Exception as e:  # noqa: BLE001 - an mlx-lm model that cannot build its cache
+            raise MlxspecError(f"model_type '{mt}' is not supported as a target: make_cache() failed: "
+                               f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        if len(kinds) != len(inner.layers) or None in kinds:
+            bad = [type(c).__name__ for c in make_prompt_cache(model) if cache_kind(c) is None]
+            raise MlxspecError(
+                f"model_type '{mt}' is not supported as a target: its cache "
+                f"({', '.join(sorted(set(bad))) or f'{len(kinds)} entries for {len(inner.layers)} layers'}) "
+                f"cannot be rolled back exactly; supported: KVCache, RotatingKVCache, ArraysCache")
+        hidden = config.get("hidden_size") or (config.get("text_config") or {}).get("hidden_size") \
+            or getattr(getattr(model, "args", None), "hidden_size", None) or inner.embed_tokens.weight.shape[1]
         self.info = TargetInfo(
-            hidden_size=int(config["hidden_size"]),
+            hidden_size=int(hidden),
             num_layers=len(inner.layers),
             vocab_size=int(inner.embed_tokens.weight.shape[0]),
-            model_type=str(config.get("model_type", "")),
+            model_type=mt,
             source=source,
             notes=list(notes or []),
         )
 
     # -- pieces a drafter borrows -------------------------------------------------
     def embed(self, tokens: mx.array) -> mx.array:
-        return self.model.model.embed_tokens(tokens)
+        return self.inner.embed_tokens(tokens)
 
     def lm_head(self, h: mx.array) -> mx.array:
-        """Logits from final-normed hidden states."""
-        if getattr(self.model, "lm_head", None) is not None:
-            return self.model.lm_head(h)
-        return self.model.model.embed_tokens.as_linear(h)
+        """Logits from final-normed hidden states (the model's own head or tied embedding)."""
+        m = self._head
+        if "lm_head" in m and not getattr(m, "tie_word_embeddings", False):
+            return m.lm_head(h)
+        return self.inner.embed_tokens.as_linear(h)
 
-    def make_cache(self) -> list:
-        return [KVCache() for _ in self.model.model.layers]
+    def make_cache(self) -> TargetCache:
+        """The model's own `make_cache()` caches, with the undo log `trim_cache` needs."""
+        return TargetCache(make_prompt_cache(self.model))
+
+    def rollback(self, cache: list, n: int) -> None:
+        """Drop the last n positions of `cache` exactly (what a rejected verify wrote)."""
+        trim_cache(cache, n)
 
     # -- forward --------------------------------------------------------------------
+    def _run(self, fn, tokens, cache, taps, logits):
+        """One pass of the model's own forward with the decoder layers hooked."""
+        inner = self.inner
+        layers = inner.layers
+        L = tokens.shape[1]
+        want = {k: i for i, k in enumerate(taps)}
+        for k in taps:
+            if not 0 <= k < len(layers):
+                raise MlxspecError(f"tap {k} is outside the target's {len(layers)} layers")
+        kept: list = [None] * len(taps)
+        stop = max(taps) if (logits == "none" and taps) else None
+        step = cache.begin(L) if isinstance(cache, TargetCache) else None
+        recurrent = {i for i, k in enumerate(cache.kinds) if k == "arrays"} if step is not None else set()
+        capture = self.recurrent_rollback == "capture" and L > 1
+
+        def hooked(i):
+            def call(layer, x, *args, **kwargs):
+                if i in recurrent and capture:
+                    c = cache[i]
+                    outs, states = [], []
+                    for t in range(L):
+                        a, kw = slice_rows(args, kwargs, L, t, t + 1)
+                        outs.append(layer(x[:, t : t + 1], *a, **kw))
+                        states.append((list(c.cache), c.lengths, c.left_padding))
+                    step.states[i] = states
+                    h = mx.concatenate(outs, axis=1)
+                else:
+                    if i in recurrent and L <= REPLAY_MAX:
+                        step.inputs[i] = (layer, x, args, kwargs)
+                    h = layer(x, *args, **kwargs)
+                if i in want:
+                    kept[want[i]] = h
+                if i == stop:
+                    raise _Stop
+                return h
+
+            return call
+
+        hooks = set(want) | recurrent
+        saved = {i: layers[i] for i in hooks}
+        norm = inner.get("norm") if logits == "last" else None
+        try:
+            for i in hooks:
+                layers[i] = _Hook(saved[i], hooked(i))
+            if norm is not None:
+                inner.norm = _LastRow(norm)
+            out = fn()
+        except _Stop:
+            out = None
+        finally:
+            for i, layer in saved.items():
+                layers[i] = layer
+            if norm is not None:
+                inner.norm = norm
+        tap_out = (mx.concatenate(kept, axis=-1) if len(kept) > 1 else kept[0]) if taps else None
+        return out, tap_out
+
     def __call__(
         self,
         tokens: mx.array,
@@ -72,51 +212,36 @@ class Target:
 
         Returns (logits, taps): logits [1, L, V] ("all"), [1, 1, V] ("last") or None;
         taps [1, L, len(taps) * H] (the outputs of the requested layers, concatenated
-        in the requested order) or None.
+        in the requested order) or None. logits="none" stops after the deepest tap, so the
+        caches of the layers above it are left behind: use it only on a throw-away cache.
         """
-        inner = self.model.model
-        h = inner.embed_tokens(tokens)
-        mask = create_attention_mask(h, cache[0])
-        want = {k: i for i, k in enumerate(taps)}
-        kept: list = [None] * len(taps)
-        last_tap = max(taps) if taps else -1
-        for i, (layer, c) in enumerate(zip(inner.layers, cache)):
-            h = layer(h, mask, cache=c)
-            if i in want:
-                kept[want[i]] = h
-            if logits == "none" and i == last_tap:
-                # Nothing after the deepest tap is needed; the caches of the layers
-                # above stay unchanged, so callers must use this only for tap-only
-                # passes over a throw-away cache.
-                break
-        tap_out = mx.concatenate(kept, axis=-1) if taps else None
+        taps = tuple(taps)
         if logits == "none":
+            _, tap_out = self._run(lambda: self.inner(tokens, cache=cache), tokens, cache, taps, logits)
             return None, tap_out
-        if logits == "last":
-            h = h[:, -1:]
-        return self.lm_head(inner.norm(h)), tap_out
+        out, tap_out = self._run(lambda: self.model(tokens, cache=cache), tokens, cache, taps, logits)
+        if logits == "last" and out.shape[1] != 1:
+            out = out[:, -1:]
+        return out, tap_out
 
     def forward_hidden(self, tokens: mx.array, taps: Sequence[int]) -> tuple[mx.array, mx.array]:
         """Cache-free causal forward for training: (final normed hidden [B, L, H], taps)."""
-        inner = self.model.model
-        h = inner.embed_tokens(tokens)
-        mask = "causal" if tokens.shape[1] > 1 else None
-        want = {k: i for i, k in enumerate(taps)}
-        kept: list = [None] * len(taps)
-        for i, layer in enumerate(inner.layers):
-            h = layer(h, mask, cache=None)
-            if i in want:
-                kept[want[i]] = h
-        return inner.norm(h), mx.concatenate(kept, axis=-1)
+        return self._run(lambda: self.inner(tokens), tokens, None, tuple(taps), "hidden")
 
 
 def cache_length(cache: list) -> int:
-    return cache[0].offset
+    for c in cache:
+        if hasattr(c, "offset"):
+            return int(c.offset)
+    return cache.length
 
 
 def trim_cache(cache: list, n: int) -> None:
-    """Drop the last n positions from every layer's cache."""
-    if n > 0:
+    """Drop the last n positions from every layer's cache: exactly (restoring sliding windows
+    and recurrent state) for a `Target.make_cache()` cache, by `trim` for a plain list."""
+    if isinstance(cache, TargetCache):
+        cache.rollback(n)
+    elif n > 0:
         for c in cache:
             c.trim(n)
 

@@ -1,0 +1,236 @@
+"""Every mlx-lm target architecture mlxspec claims, through the model's own forward and cache:
+llama, qwen3, qwen3_moe, gemma3 (sliding window smaller than the context), mistral with a
+sliding window, and qwen3_5 (Gated DeltaNet + attention). Tiny random-weight models built
+from mlx-lm's own classes (tests/tiny_targets.py).
+
+For each: greedy speculative output equals autoregressive token for token with blocks
+rejected at every position; speculative sampling has the target's distribution (the TV
+bound of tests/test_engine.py); after a rejection at every block position the cache equals
+a fresh prefill of the committed tokens (and gives the same next logits).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from tiny_targets import ARCHS, WINDOW, tiny_model, tiny_target
+
+from mlxspec.errors import MlxspecError
+from mlxspec.models.dflash import DraftOutput
+from mlxspec.models.rollback import cache_kind
+from mlxspec.models.target import Target, cache_length, trim_cache
+from mlxspec.spec.drafters import SimpleDrafter
+from mlxspec.spec.engine import SpecStats, generate_steps
+from mlxspec.spec.verify import SamplingParams
+
+PROMPT = [5, 9, 2, 7, 11, 3, 8]  # longer than WINDOW
+
+
+def run(target, ids, drafter=None, max_tokens=28, **kw):
+    return [t for step in generate_steps(target, ids, drafter, max_tokens, **kw) for t in step]
+
+
+class OracleDrafter:
+    """Drafts the target's own greedy continuation with one wrong token at position k, k
+    cycling 0..n (n = all right), so every block position gets rejected in turn; asks for
+    taps so the verify runs with the layer hooks."""
+
+    name = "oracle"
+    ctx_len = None
+
+    def __init__(self, full, vocab, n, taps):
+        self.full, self.vocab, self.max_drafts, self.taps = full, vocab, n, tuple(taps)
+        self.calls, self.pos, self.accepted = 0, 0, []
+
+    def begin(self, ids, taps):
+        assert taps.shape[:2] == (1, len(ids))
+        self.pos = len(ids)
+
+    def accept(self, tokens, taps):
+        assert taps.shape[1] == len(tokens)
+        self.accepted.append(len(tokens) - 1)
+        self.pos += len(tokens)
+
+    def draft(self, anchor, n, sp, rng):
+        k = self.calls % (n + 1)
+        self.calls += 1
+        right = self.full[self.pos + 1 : self.pos + 1 + n]
+        toks = right[:k] + ([(right[k] + 1) % self.vocab] if k < n else []) + right[k + 1 :]
+        return DraftOutput(toks, None, None)
+
+
+class Skip:
+    """A decoder layer that passes its input through (attributes still read from the layer)."""
+
+    def __init__(self, layer):
+        self.layer = layer
+
+    def __getattr__(self, name):
+        return getattr(self.layer, name)
+
+    def __call__(self, x, *args, **kwargs):
+        return x
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def arch_target(request):
+    return request.param, tiny_target(request.param)
+
+
+def test_cache_kinds_are_the_models_own(arch_target):
+    arch, target = arch_target
+    kinds = [cache_kind(c) for c in target.make_cache()]
+    want = {"gemma3": "rotating", "mistral": "rotating", "qwen3_5": "arrays"}.get(arch)
+    assert (want in kinds) if want else set(kinds) == {"kv"}
+    assert target.info.num_layers == 4 and target.info.vocab_size == 64 and target.info.hidden_size == 32
+
+
+def test_taps_and_logits_from_the_models_own_forward(arch_target):
+    """Taps = the outputs of decoder layer k (checked against a forward truncated after k
+    layers by mlx-lm's own module), logits = mlx-lm's forward, "last" = its last row."""
+    arch, target = arch_target
+    x = mx.array([PROMPT + [1, 4, 6]])
+    ref = target.model(x)
+    logits, taps = target(x, target.make_cache(), taps=(2, 0), logits="all")
+    np.testing.assert_array_equal(np.array(logits), np.array(ref))
+    last, _ = target(x, target.make_cache(), logits="last")
+    np.testing.assert_allclose(np.array(last[:, 0]), np.array(ref[:, -1]), atol=1e-5)
+    inner, H = target.inner, target.info.hidden_size
+    layers = list(inner.layers)
+    for j, k in enumerate((2, 0)):
+        try:  # the model's own forward with the layers above k (and the final norm) skipped
+            inner.layers[k + 1 :] = [Skip(layer) for layer in layers[k + 1 :]]
+            inner.norm, norm = nn.Identity(), inner.norm
+            want = inner(x)
+        finally:
+            inner.layers[:] = layers
+            inner.norm = norm
+        np.testing.assert_allclose(np.array(taps[..., j * H : (j + 1) * H]), np.array(want), atol=1e-5)
+    none, taps2 = target(x, target.make_cache(), taps=(2, 0), logits="none")
+    assert none is None
+    np.testing.assert_allclose(np.array(taps2), np.array(taps), atol=1e-5)
+    hid, taps3 = target.forward_hidden(x, (2, 0))
+    np.testing.assert_allclose(np.array(target.lm_head(hid)), np.array(ref), atol=1e-4)
+    np.testing.assert_allclose(np.array(taps3), np.array(taps), atol=1e-5)
+    assert list(inner.layers) == layers  # the hooks are gone
+
+
+@pytest.mark.parametrize("mode", ["replay", "capture"])
+def test_greedy_speculative_equals_autoregressive(arch_target, mode):
+    arch, target = arch_target
+    if mode == "capture" and arch != "qwen3_5":
+        pytest.skip("capture applies to recurrent layers only")
+    ar = run(target, PROMPT)
+    n = 5
+    drafter = OracleDrafter(PROMPT + ar, 64, n, taps=(0, 2))
+    stats = SpecStats()
+    try:
+        target.recurrent_rollback = mode
+        out = run(target, PROMPT, drafter, stats=stats)
+    finally:
+        del target.recurrent_rollback
+    assert out == ar
+    # rejected at every block position, and whole blocks accepted too
+    assert set(drafter.accepted) == set(range(n + 1))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_sampled_distribution_is_the_targets(arch):
+    """Speculative sampling with a related draft model (SimpleDrafter: its own cache is rolled
+    back over several forwards) reproduces the target's exact distribution of 4 tokens."""
+    import test_engine as te
+
+    target = tiny_target(arch, seed=1, vocab=te.V)
+    dmodel, cfg = tiny_model(arch, seed=2, vocab=te.V, base=target.model, noise=0.3)
+    draft = Target(dmodel, cfg)
+    sp = SamplingParams(temperature=1.0)
+    exact = te.exact_distribution(target, te.TINY_PROMPT, sp, te.N_TOKENS)
+    stats = SpecStats()
+    res = te.distribution_check(te.sample_many(target, lambda: SimpleDrafter(draft, 3), sp, 1200, stats), exact)
+    bad = {k: v for k, v in res.items() if v[0] > v[1]}
+    assert not bad, f"speculative sampling differs from the target's distribution: {bad}"
+    assert 0.1 < stats.accepted / stats.drafted < 0.95
+
+
+def logical_state(c):
+    """What a cache holds that future forwards can see: KV rows [0, offset), the last
+    window - 1 rows of a rotating cache in temporal order, the recurrent arrays."""
+    k = cache_kind(c)
+    if k == "kv":
+        return c.offset, [c.keys[..., : c.offset, :], c.values[..., : c.offset, :]]
+    if k == "rotating":
+        w = min(c.offset, c.max_size - 1)
+        return c.offset, [c._temporal_order(c.keys)[..., -w:, :], c._temporal_order(c.values)[..., -w:, :]]
+    return None, list(c.cache)
+
+
+def assert_caches_equal(a, b):
+    assert cache_length(a) == cache_length(b)
+    for i, (ca, cb) in enumerate(zip(a, b)):
+        (oa, sa), (ob, sb) = logical_state(ca), logical_state(cb)
+        assert oa == ob, f"layer {i}: offset {oa} != {ob}"
+        for x, y in zip(sa, sb):
+            assert x.shape == y.shape, f"layer {i}: {x.shape} != {y.shape}"
+            np.testing.assert_allclose(np.array(x), np.array(y), atol=1e-4, err_msg=f"layer {i}")
+
+
+@pytest.mark.parametrize("mode", ["replay", "capture"])
+def test_rollback_at_every_block_position_equals_fresh_prefill(arch_target, mode):
+    """Prefill, verify a block longer than the sliding window (it wraps), reject after each
+    position in turn: the rolled-back cache equals a fresh prefill of the kept tokens, and
+    the next forwards give the same logits (one-token steps first: a merely trimmed ring
+    would leave the rejected rows in the window those steps write into)."""
+    arch, target = arch_target
+    if mode == "capture" and arch != "qwen3_5":
+        pytest.skip("capture applies to recurrent layers only")
+    block = [13, 1, 22, 40, 17, 6]
+    assert len(block) > WINDOW
+    nxt = [mx.array([[30]]), mx.array([[31]]), mx.array([[32, 33, 34]])]
+    try:
+        target.recurrent_rollback = mode
+        for keep in range(1, len(block) + 1):
+            cache = target.make_cache()
+            target(mx.array([PROMPT]), cache, logits="last")
+            target(mx.array([block]), cache, taps=(1,))
+            trim_cache(cache, len(block) - keep)
+            fresh = target.make_cache()
+            target(mx.array([PROMPT + block[:keep]]), fresh)
+            assert_caches_equal(cache, fresh)
+            for step in nxt:  # one-token steps write into the ring in place; then a block
+                la, _ = target(step, cache)
+                lb, _ = target(step, fresh)
+                np.testing.assert_allclose(np.array(la), np.array(lb), atol=1e-4)
+    finally:
+        del target.recurrent_rollback
+
+
+def test_rollback_spanning_several_forwards_and_one_token_steps(arch_target):
+    """Undo a prompt-continuation plus several one-token forwards (the draft model's pattern),
+    including one-token writes into a full sliding-window ring."""
+    arch, target = arch_target
+    cache = target.make_cache()
+    target(mx.array([PROMPT]), cache)
+    before = target.make_cache()
+    target(mx.array([PROMPT]), before)
+    mx.eval([c.state for c in cache])
+    target(mx.array([[4, 5, 6]]), cache)
+    for t in (7, 8, 9, 10, 11):  # wraps the ring one slot at a time
+        lg, _ = target(mx.array([[t]]), cache, logits="last")
+        mx.eval(lg)
+    trim_cache(cache, 3 + 5 - 2)  # keep the first 2 of the 3-token forward
+    fresh = target.make_cache()
+    target(mx.array([PROMPT + [4, 5]]), fresh)
+    assert_caches_equal(cache, fresh)
+    trim_cache(cache, 0)
+    # a lone one-token step on a full ring, undone whole
+    target(mx.array([[12]]), cache)
+    trim_cache(cache, 1)
+    assert_caches_equal(cache, fresh)
+
+
+def test_unsupported_architecture_is_one_line():
+    with pytest.raises(MlxspecError, match="'linear' is not supported as a target") as e:
+        Target(nn.Linear(4, 4), {"model_type": "linear"})
+    assert "\n" not in str(e.value)

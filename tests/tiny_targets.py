@@ -1,0 +1,67 @@
+"""Tiny random-weight mlx-lm models of every target architecture mlxspec claims, built from
+mlx-lm's own classes through the same config -> class route `mlx_lm.utils.load_model` takes."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx.utils import tree_map
+
+from mlxspec.models.target import Target
+
+WINDOW = 4  # sliding window, smaller than every test context
+
+
+def tiny_config(arch: str, vocab: int = 64) -> dict:
+    base = dict(hidden_size=32, num_hidden_layers=4, intermediate_size=64, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-5, vocab_size=vocab, rope_theta=10000.0,
+                max_position_embeddings=512, tie_word_embeddings=False)
+    if arch == "llama":
+        return dict(base, model_type="llama")
+    if arch == "qwen3":
+        return dict(base, model_type="qwen3", tie_word_embeddings=True)
+    if arch == "qwen3_moe":
+        return dict(base, model_type="qwen3_moe", num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1,
+                    mlp_only_layers=[0], moe_intermediate_size=16, norm_topk_prob=True)
+    if arch == "gemma3":
+        return dict(base, model_type="gemma3_text", sliding_window=WINDOW, sliding_window_pattern=2,
+                    query_pre_attn_scalar=8, rope_local_base_freq=10000.0)
+    if arch == "mistral":  # mlx-lm runs "mistral" with its llama classes; windowed layers via layer_types
+        return dict(base, model_type="mistral", sliding_window=WINDOW,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"])
+    if arch == "qwen3_5":
+        return dict(base, model_type="qwen3_5", full_attention_interval=2, linear_num_value_heads=4,
+                    linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
+                    linear_conv_kernel_dim=4,
+                    rope_parameters={"type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+    raise ValueError(arch)
+
+
+ARCHS = ["llama", "qwen3", "qwen3_moe", "gemma3", "mistral", "qwen3_5"]
+
+
+def tiny_model(arch: str, seed: int = 0, vocab: int = 64, base=None, noise: float = 0.0, head_scale: float = 3.0):
+    """(mlx-lm model, config). Weights random from `seed`; with `base` (a model of the same
+    config), base's weights plus relative Gaussian noise: a related draft model."""
+    from mlx_lm.utils import _get_classes
+
+    cfg = tiny_config(arch, vocab)
+    model_class, args_class = _get_classes(config=cfg)
+    mx.random.seed(seed)
+    m = model_class(args_class.from_dict(cfg))
+    if base is not None:
+        m.update(tree_map(lambda w: w + noise * mx.random.normal(w.shape) * w.std(), base.parameters()))
+    else:
+        # a peakier head than the init's, so greedy/sampled outputs are not near-uniform
+        head = m.language_model if hasattr(m, "language_model") else m
+        if "lm_head" in head:
+            head.lm_head.weight = head.lm_head.weight * head_scale
+        else:
+            inner = head.model
+            inner.embed_tokens.weight = inner.embed_tokens.weight * head_scale
+    mx.eval(m.parameters())
+    return m, cfg
+
+
+def tiny_target(arch: str, seed: int = 0, vocab: int = 64, **kw) -> Target:
+    m, cfg = tiny_model(arch, seed, vocab, **kw)
+    return Target(m, cfg, source=f"tiny-{arch}")
