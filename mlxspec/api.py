@@ -24,9 +24,12 @@ from .validate import check_prompt_ids, check_sampling_args, check_spec_args
 from .models.target import Target
 from .spec.drafters import BlockDrafter, NoDrafter, SimpleDrafter
 from .spec.engine import SpecStats, generate_steps
+from .spec.ngram import LookupBlockDrafter, NgramDrafter
+from .spec.policy import VerifyPolicy
 from .spec.verify import SamplingParams
 
-SPEC_TYPES = ("auto", "draft-dflash", "draft-dspark", "draft-simple", "none")
+SPEC_TYPES = ("auto", "draft-dflash", "draft-dspark", "draft-simple", "ngram", "none")
+VERIFY_POLICIES = ("adaptive", "fixed")
 SHIPPED = Path(__file__).parent / "drafters"
 
 
@@ -46,7 +49,10 @@ class Speculator:
     schedule: bool = False
     num_draft_tokens: int | None = None
     description: str = "autoregressive"
-    _profile: dict | None = field(default=None, repr=False)
+    # adaptive: the verify length (down to 0 = an autoregressive step) is chosen each step
+    # from the measured verify cost and this request's acceptance (spec/policy.py);
+    # fixed: always the full block / num_draft_tokens (the old --schedule and p_min apply)
+    policy: str = "adaptive"
 
     def make_drafter(self, target):
         return self.drafter_factory(target) if self.drafter_factory else NoDrafter()
@@ -80,6 +86,9 @@ def load(
     p_min: float | None = None,
     schedule: bool = False,
     log=sys.stderr,
+    *,
+    policy: str | None = None,
+    ngram: bool = False,
 ):
     """-> (target, tokenizer, speculator).
 
@@ -92,8 +101,16 @@ def load(
     target, tok = load_target(model)
     if draft == "auto":
         ship = shipped_drafter("dspark") if model is None else None
+        if model is not None and spec_type not in ("none", "ngram", "draft-simple"):
+            from .registry import describe, lookup  # the known published drafter for this target
+
+            entry = lookup(str(model))
+            if entry:
+                print(f"mlxspec: --draft auto: {describe(str(model))}", file=log)
+            ship = entry["path"] if entry else None
         draft = str(ship) if (ship and spec_type != "none") else None
-    spec = load_speculator(draft, target, spec_type, block_size, num_draft_tokens, p_min, schedule, log)
+    spec = load_speculator(draft, target, spec_type, block_size, num_draft_tokens, p_min, schedule, log,
+                           policy=policy, ngram=ngram)
     return target, tok, spec
 
 
@@ -106,11 +123,25 @@ def load_speculator(
     p_min: float | None = None,
     schedule: bool = False,
     log=sys.stderr,
+    *,
+    policy: str | None = None,
+    ngram: bool = False,
 ) -> Speculator:
+    """policy: "adaptive" | "fixed" | None (adaptive unless --block-size, --num-draft-tokens
+    or --schedule pins the length). ngram: add prompt lookup beside a block drafter."""
     if spec_type not in SPEC_TYPES:
         raise MlxspecError(f"--spec-type {spec_type!r} is not one of {', '.join(SPEC_TYPES)}")
     check_spec_args(block_size, num_draft_tokens, p_min)
+    if policy is not None and policy not in VERIFY_POLICIES:
+        raise MlxspecError(f"--verify-policy {policy!r} is not one of {', '.join(VERIFY_POLICIES)}")
+    pinned = block_size is not None or num_draft_tokens is not None or schedule
+    policy = policy or ("fixed" if pinned else "adaptive")
     target = as_target(target)
+    if spec_type == "ngram":
+        n = num_draft_tokens or 8
+        vocab = target.info.vocab_size
+        return Speculator(lambda t: NgramDrafter(vocab, n), "ngram", None, False, n,
+                          f"ngram prompt lookup n={n}", policy)
     if spec_type == "none" or (draft is None and spec_type == "auto"):
         return Speculator()
     if draft is None:
@@ -126,7 +157,7 @@ def load_speculator(
             )
         n = num_draft_tokens or 4
         return Speculator(lambda t: SimpleDrafter(dmodel, n), "draft-simple", None, False, n,
-                          f"draft-simple {Path(draft).name} n={n}")
+                          f"draft-simple {Path(draft).name} n={n}", policy)
     from .loading.drafter import load_drafter
 
     dmodel, cfg = load_drafter(draft, target.info, requested=spec_type, log=log)
@@ -146,8 +177,12 @@ def load_speculator(
               "--p-min / --schedule are ignored (full blocks are verified)", file=log)
         p_min, schedule = None, False
     bs = block_size or cfg.block_size
+    if ngram:
+        return Speculator(lambda t: LookupBlockDrafter(BlockDrafter(dmodel, t, bs), t.info.vocab_size),
+                          f"draft-{cfg.lineage}+ngram", p_min, schedule, None,
+                          f"{cfg.lineage}+ngram {Path(draft).name} block={bs}", policy)
     return Speculator(lambda t: BlockDrafter(dmodel, t, bs), f"draft-{cfg.lineage}", p_min, schedule, None,
-                      f"{cfg.lineage} {Path(draft).name} block={bs}")
+                      f"{cfg.lineage} {Path(draft).name} block={bs}", policy)
 
 
 def as_target(model) -> Target:
@@ -155,11 +190,15 @@ def as_target(model) -> Target:
         return model
     if hasattr(model, "model") and hasattr(model.model, "layers"):
         args = getattr(model, "args", None)
-        cfg = {"hidden_size": args.hidden_size, "model_type": getattr(args, "model_type", "")} if args else {}
-        if not cfg:
+        # multimodal wrappers (qwen3_5, gemma3) keep the text model's fields in args.text_config
+        text = getattr(args, "text_config", None)
+        text = text if isinstance(text, dict) else {}
+        hidden = getattr(args, "hidden_size", None) or text.get("hidden_size")
+        if hidden is None:
             raise MlxspecError("cannot wrap this model: it has no .args with hidden_size")
-        cfg.update({k: getattr(args, k) for k in ("num_attention_heads", "num_key_value_heads", "head_dim",
-                                                   "rope_theta", "rms_norm_eps") if hasattr(args, k)})
+        cfg = {"hidden_size": hidden, "model_type": getattr(args, "model_type", "")}
+        cfg.update({k: getattr(args, k, text.get(k)) for k in ("num_attention_heads", "num_key_value_heads",
+                    "head_dim", "rope_theta", "rms_norm_eps") if hasattr(args, k) or k in text})
         return Target(model, cfg)
     raise MlxspecError(f"cannot use {type(model).__name__} as a target: expected an mlx-lm model or mlxspec Target")
 
@@ -211,6 +250,7 @@ def stream_generate(
     ids = check_prompt_ids(ids, target.info.vocab_size, target.config.get("max_position_embeddings"), max_tokens)
     drafter = spec.make_drafter(target) if drafter is None else drafter
     sched = profile_for(target, drafter) if spec.schedule else None
+    policy = make_policy(target, drafter, spec)
     stats = SpecStats()
     sp = SamplingParams(temp, top_p, top_k)
     detok = tokenizer.detokenizer() if callable(getattr(tokenizer, "detokenizer", None)) else tokenizer.detokenizer
@@ -220,7 +260,7 @@ def stream_generate(
     stop = [s for s in (stop or []) if s]
     mx.reset_peak_memory()
     steps = generate_steps(target, ids, drafter, max_tokens, sp, seed, eos, spec.p_min, sched, spec.num_draft_tokens, stats,
-                           cache=cache)
+                           cache=cache, policy=policy)
     finished = False
     for committed in steps:
         for j, tok in enumerate(committed):
@@ -293,6 +333,13 @@ def footer(r: GenerationResponse) -> str:
         lines.append(f"Per-position acceptance: {ppa}")
     lines.append(f"Peak memory: {r.peak_memory:.3f} GB")
     return "\n".join(lines)
+
+
+def make_policy(target: Target, drafter, spec: Speculator):
+    """A fresh adaptive verify-length policy for one request, or None (fixed lengths)."""
+    if spec.policy != "adaptive" or isinstance(drafter, NoDrafter) or drafter.max_drafts <= 0:
+        return None
+    return VerifyPolicy.from_profile(profile_for(target, drafter), drafter.max_drafts)
 
 
 def profile_for(target: Target, drafter) -> dict[int, float]:

@@ -66,6 +66,12 @@ def add_bench_args(p):
     p.add_argument("--mlx-dir", default=None, metavar="DIR",
                    help="where the MLX copy of the target for mlx_lm goes (default: the mlxspec cache)")
     p.add_argument("--out", "-o", default=None, metavar="DIR", help="write bench.json (and PNG plots) here")
+    p.add_argument("--policies", default="fixed,adaptive", metavar="LIST",
+                   help="verify policies to run each drafter with (default fixed,adaptive)")
+    p.add_argument("--no-ngram", action="store_true",
+                   help="skip the prompt-lookup rows (ngram alone; the first drafter + ngram)")
+    p.add_argument("--no-random", action="store_true",
+                   help="skip the random-weight copy of the first drafter (adaptive policy)")
     p.add_argument("--quick", action="store_true",
                    help="about a minute: 1 prompt per category, 32 tokens, 1 repeat, temperature 0")
 
@@ -116,6 +122,12 @@ def settings(a) -> dict:
             flag = "--draft-simple" if d == a.draft_simple else "--draft"
             raise MlxspecError(f"{flag} {d}: no such file or directory; pass a drafter directory or .gguf file")
     s["drafts"] = drafts
+    s["policies"] = [x.strip() for x in a.policies.split(",") if x.strip()]
+    for x in s["policies"]:
+        if x not in ("fixed", "adaptive"):
+            raise MlxspecError(f"--policies: unknown verify policy {x!r}; use fixed and/or adaptive")
+    s["ngram"] = not a.no_ngram
+    s["random"] = not a.no_random
     if a.out and Path(a.out).exists() and not Path(a.out).is_dir():
         raise MlxspecError(f"--out {a.out}: exists and is not a directory; pass a directory")
     return s
@@ -145,20 +157,43 @@ def mlx_lm_dir(model: str | None, root: str | None) -> Path:
 # A runner: run(ids, temp, seed, max_tokens) -> (tokens, seconds from first to last token, SpecStats | None)
 
 def mlxspec_runner(target, eos, speculator=None):
+    from .api import make_policy
     from .spec.engine import SpecStats, generate_steps
     from .spec.verify import SamplingParams
 
     def run(ids, temp, seed, max_tokens):
         st = SpecStats()
         drafter = speculator.make_drafter(target) if speculator else None
+        policy = make_policy(target, drafter, speculator) if speculator else None  # per request, as in generate
         out, t_first = [], None
-        for step in generate_steps(target, ids, drafter, max_tokens, SamplingParams(temp), seed, eos, stats=st):
+        for step in generate_steps(target, ids, drafter, max_tokens, SamplingParams(temp), seed, eos, stats=st,
+                                   policy=policy):
             if t_first is None:
                 t_first = time.perf_counter()
             out += step
         return out, time.perf_counter() - t_first, st
 
     return run
+
+
+def random_weights(spec, path, target, log):
+    """The same drafter architecture with random weights: what the adaptive policy must
+    survive (a drafter that is never right must cost at most a few percent)."""
+    import mlx.core as mx
+
+    from .api import Speculator
+    from .loading.drafter import load_drafter
+    from .models.dflash import DFlashModel
+    from .spec.drafters import BlockDrafter
+
+    model, cfg = load_drafter(path, target.info, log=log)
+    mx.random.seed(0)
+    rnd = DFlashModel(cfg)
+    if cfg.draft_vocab_size:
+        rnd.d2t = model.d2t
+    mx.eval(rnd.parameters())
+    return Speculator(lambda t: BlockDrafter(rnd, t), spec.spec_type, None, False, None,
+                      f"{spec.description} (random weights)", spec.policy)
 
 
 def mlx_lm_runner(model, tokenizer):
@@ -417,20 +452,37 @@ def cmd_bench(a) -> int:
     eos = set() if a.ignore_eos else set(tok.eos_token_ids)
     prompts = {c: [encode_prompt(tok, c, t) for t in s["texts"][c]] for c in s["categories"]}
 
-    def speculator(path, kind, target, log):
+    def speculator(cfg, target, log):
+        kind, path = cfg["kind"], cfg["path"]
         n = a.num_draft_tokens if kind == "draft-simple" else None
-        return load_speculator(path, target, kind, num_draft_tokens=n, log=log)
+        spec = load_speculator(path, target, "ngram" if kind == "ngram" else kind, num_draft_tokens=n, log=log,
+                               policy=cfg["policy"], ngram=cfg.get("ngram", False))
+        if cfg.get("random"):
+            spec = random_weights(spec, path, target, log)
+        return spec
 
     # configurations; every drafter is loaded once here so that a bad one fails before any timing
     configs = [{"label": AR, "engine": "mlxspec", "kind": "none", "path": None, "max_drafts": 0}]
-    wanted = [(p, "auto") for p in s["drafts"]] + ([(a.draft_simple, "draft-simple")] if a.draft_simple else [])
-    for path, kind in wanted:
+    wanted = []
+    for i, p in enumerate(s["drafts"]):
+        wanted += [dict(path=p, kind="auto", policy=pol) for pol in s["policies"]]
+        if i == 0 and s["ngram"]:
+            wanted.append(dict(path=p, kind="auto", policy="adaptive", ngram=True))
+    if s["drafts"] and s["random"]:
+        wanted.append(dict(path=s["drafts"][0], kind="auto", policy="adaptive", random=True))
+    if s["ngram"]:
+        wanted.append(dict(path=None, kind="ngram", policy="adaptive"))
+    if a.draft_simple:
+        wanted.append(dict(path=a.draft_simple, kind="draft-simple", policy="fixed"))
+    for w in wanted:
         log = io.StringIO()
-        spec = speculator(path, kind, target, log)
-        label = f"{spec.spec_type} {Path(path).name}"
+        spec = speculator(w, target, log)
+        label = spec.spec_type + (f" {Path(w['path']).name}" if w["path"] and w["kind"] != "ngram" else "")
+        label += " (random weights)" if w.get("random") else ""
+        label += f" [{w['policy']}]"
         if any(c["label"] == label for c in configs):
             label += f" #{len(configs)}"
-        configs.append({"label": label, "engine": "mlxspec", "kind": kind, "path": str(path),
+        configs.append({"label": label, "engine": "mlxspec", **w, "path": str(w["path"]) if w["path"] else None,
                         "description": spec.description, "load_log": log.getvalue().strip(),
                         "max_drafts": spec.make_drafter(target).max_drafts})
         del spec
@@ -459,7 +511,7 @@ def cmd_bench(a) -> int:
                 hf_tok.eos_token_ids = eos
                 run = mlx_lm_runner(model, hf_tok)
             else:
-                spec = speculator(cfg["path"], cfg["kind"], target, io.StringIO()) if cfg["path"] else None
+                spec = speculator(cfg, target, io.StringIO()) if cfg["kind"] != "none" else None
                 run = mlxspec_runner(target, eos, spec)
             timings[cfg["label"]] = time_config(cfg["label"], run, s, prompts, bar)
             del run

@@ -30,6 +30,12 @@ def _add_model_args(p):
     p.add_argument("--num-draft-tokens", type=int, default=None, help="draft-simple: tokens per draft")
     p.add_argument("--p-min", type=float, default=None, help="DSpark: cut drafts at the first confidence below this")
     p.add_argument("--schedule", action="store_true", help="DSpark: pick the verify length from confidences and the measured verify cost")
+    p.add_argument("--verify-policy", choices=("adaptive", "fixed"), default=None,
+                   help="adaptive (default): verify length chosen per step from the measured verify cost and this "
+                        "request's acceptance, down to plain autoregressive steps; fixed: always the full block "
+                        "(the default when --block-size / --num-draft-tokens / --schedule pin the length)")
+    p.add_argument("--ngram", action="store_true",
+                   help="block drafters: also propose prompt-lookup (n-gram) continuations; the policy picks per step")
 
 
 def _add_sampling_args(p):
@@ -119,7 +125,8 @@ def cmd_generate(a) -> int:
     draft = None if a.draft in (None, "none") else a.draft
     if a.spec_type == "none":
         draft = None
-    target, tok, spec = api.load(a.model, draft, a.spec_type, a.block_size, a.num_draft_tokens, a.p_min, a.schedule)
+    target, tok, spec = api.load(a.model, draft, a.spec_type, a.block_size, a.num_draft_tokens, a.p_min, a.schedule,
+                                 policy=a.verify_policy, ngram=a.ngram)
     if a.system_prompt is not None and not tok.has_chat_template:
         raise MlxspecError("--system-prompt needs a chat template and this model has none; "
                            "put the system text into --prompt")

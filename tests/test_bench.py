@@ -36,10 +36,12 @@ def test_bench_tiny_run(drafter_dir, tmp_path, capsys):
     out = tmp_path / "out"
     rc = cli.main(["bench", "--draft", str(drafter_dir), "--draft-simple", str(simple), "--num-draft-tokens", "2",
                    "--categories", "code,chat", "--prompts-per-category", "1", "--max-tokens", "6",
-                   "--repeats", "1", "--temps", "0,1", "--out", str(out)])
+                   "--repeats", "1", "--temps", "0,1", "--no-random", "--out", str(out)])
     cap = capsys.readouterr()
     assert rc == 0, cap.err
-    labels = ["mlx_lm AR", "mlxspec AR", "draft-dspark dspark", f"draft-simple {simple.name}"]
+    fixed = ["draft-dspark dspark [fixed]", f"draft-simple {simple.name} [fixed]"]
+    adaptive = ["draft-dspark dspark [adaptive]", "draft-dspark+ngram dspark [adaptive]", "ngram [adaptive]"]
+    labels = ["mlx_lm AR", "mlxspec AR", fixed[0], *adaptive, fixed[1]]
     assert "Command: `" in cap.out and "| T | configuration | tok/s | x AR | tau |" in cap.out
     for lab in labels:
         assert f"| {lab} |" in cap.out
@@ -56,17 +58,19 @@ def test_bench_tiny_run(drafter_dir, tmp_path, capsys):
     for t in (0.0, 1.0):
         ar = rows[(t, "mlxspec AR", "all")]
         assert ar["ratio_vs_mlxspec_ar"] == 1.0 and ar["tau"] == 1.0 and ar["acceptance_rate"] is None
-        for lab in labels[2:]:
+        for lab in adaptive:  # the policy may verify nothing on a random drafter: only sanity here
+            assert rows[(t, lab, "all")]["tau"] >= 1.0
+        for lab in fixed:
             r = rows[(t, lab, "all")]
             assert r["tau"] >= 1.0 and 0.0 <= r["acceptance_rate"] <= 1.0
             assert r["per_position_acceptance"] and r["mean_verify_length"] > 1
             assert r["ideal_speedup"] > 0 and r["efficiency"] == pytest.approx(r["ratio_vs_mlxspec_ar"] / r["ideal_speedup"])
             assert 0 < r["draft_share"] < 1 and r["draft_share"] + r["verify_share"] == pytest.approx(1.0)
-    assert len(rows[(0.0, "draft-dspark dspark", "all")]["per_position_acceptance"]) == 4
+    assert len(rows[(0.0, fixed[0], "all")]["per_position_acceptance"]) == 4
     # greedy speculative decoding is lossless: the same tokens as mlxspec AR
     for lab in labels[2:]:
         assert rows[(0.0, lab, "all")]["same_tokens_as_ar"] == [2, 2]
-    simple_row = rows[(0.0, labels[3], "all")]
+    simple_row = rows[(0.0, fixed[1], "all")]
     assert simple_row["acceptance_rate"] > 0.8 and simple_row["tau"] > 1.5
 
     if importlib.util.find_spec("matplotlib"):
@@ -83,6 +87,7 @@ def test_bench_tiny_run(drafter_dir, tmp_path, capsys):
     (["--categories", "code,poetry"], "--categories: unknown category 'poetry'"),
     (["--prompts-per-category", "99"], "--prompts-per-category 99: the code set has only"),
     (["--max-tokens", "1"], "--max-tokens 1: tokens/s needs at least 2 tokens"),
+    (["--policies", "fixed,greedy"], "--policies: unknown verify policy 'greedy'"),
 ])
 def test_bench_user_errors(args, message, capsys):
     assert cli.main(["bench", *args]) == 2

@@ -26,7 +26,10 @@ import mlx.core as mx
 import numpy as np
 
 from ..models.target import Target, cache_length, trim_cache
+from ..models.dflash import DraftOutput
 from .drafters import Drafter, NoDrafter
+from .ngram import NgramDrafter, one_hot_rows
+from .policy import VerifyPolicy
 from .verify import SamplingParams, accept_greedy, argmax_finite, accept_sampled, probs_from_logits, sample_token
 
 
@@ -143,6 +146,7 @@ def generate_steps(
     check_invariants: bool = True,
     *,
     cache: list | None = None,
+    policy: VerifyPolicy | None = None,
 ) -> Iterator[list[int]]:
     """Yield the tokens committed at each step (the first yield is the prefill's token).
 
@@ -185,15 +189,27 @@ def generate_steps(
         # 1. draft (never more than can still be committed: the bonus takes one slot)
         n = min(limit, max_tokens - produced - 1)
         td = time.perf_counter()
-        d = drafter.draft(anchor, n, sampling, rng) if n > 0 else None
+        source, d, conf = "drafter", None, None
+        if policy is not None and n > 0:
+            # the policy picks from history only: autoregressive, the free lookup, or the drafter
+            lookup = drafter.lookup(anchor, n) if hasattr(drafter, "lookup") else []
+            plan = policy.plan(n, len(lookup), has_drafter=not isinstance(drafter, NgramDrafter))
+            source, n = plan.source, plan.n
+            if source == "lookup":
+                d = DraftOutput(lookup[:n], None if sampling.greedy else one_hot_rows(lookup[:n], target.info.vocab_size), None)
+        if d is None and source != "none" and n > 0:
+            d = drafter.draft(anchor, n, sampling, rng)
         drafts = list(d.tokens[:n]) if d else []
-        # 2. truncation by confidence
+        t_drafted = time.perf_counter() - td
+        # 2. truncation by confidence (p_min, the old scheduler) or by the policy
         if d is not None and d.confidence is not None and drafts:
             conf = d.confidence[: len(drafts)]
             if p_min is not None:
                 drafts = drafts[: truncate_p_min(conf, p_min)]
             if scheduler:
                 drafts = drafts[: choose_verify_length(conf[: len(drafts)], scheduler)]
+        if policy is not None and drafts:
+            drafts = drafts[: policy.truncate(source, len(drafts), conf, sampling.greedy)]
         stats.draft_time += time.perf_counter() - td
         # 3. verify [anchor, drafts] in one forward
         tv = time.perf_counter()
@@ -203,10 +219,12 @@ def generate_steps(
         if sampling.greedy:
             am = argmax_finite(vlogits[0])
             mx.eval(am)
+            t_verified = time.perf_counter() - tv
             a, nxt = accept_greedy(drafts, am.tolist())
         else:
             p = probs_from_logits(vlogits[0], sampling)
             mx.eval(p)
+            t_verified = time.perf_counter() - tv
             p_np = np.asarray(p)
             if drafts:
                 q = np.asarray(d.probs[: len(drafts)])
@@ -223,6 +241,10 @@ def generate_steps(
         stats.target_forwards += 1
         stats.verify_lengths.append(len(drafts) + 1)
         stats.record(len(drafts), a)
+        if policy is not None:
+            policy.observe_verify(len(drafts) + 1, t_verified)
+            if source != "none":
+                policy.observe(source, len(drafts), a, conf, t_drafted if source == "drafter" else None)
         committed = drafts[:a] + [nxt]
         for i, t in enumerate(committed):  # stop right after an EOS
             if t in eos_ids:

@@ -19,26 +19,29 @@ from ..models.target import Target, trim_cache
 def _key(target: Target, max_len: int) -> str:
     src = target.info.source or "memory"
     st = os.stat(src) if os.path.exists(src) else None
-    ident = f"{src}|{st.st_size if st else 0}|{st.st_mtime if st else 0}|{mx.default_device()}|{platform.node()}|{max_len}"
+    ident = f"v2|{src}|{st.st_size if st else 0}|{st.st_mtime if st else 0}|{mx.default_device()}|{platform.node()}|{max_len}"
     return hashlib.sha1(ident.encode()).hexdigest()[:16]
 
 
-def measure_verify_sps(target: Target, max_len: int, context: int = 128, repeats: int = 5) -> dict[int, float]:
+def measure_verify_sps(target: Target, max_len: int, context: int = 128, repeats: int = 7) -> dict[int, float]:
+    """Median steps/second of a forward over L = 1..max_len tokens at `context`.
+
+    Lengths are measured round-robin (L = 1, 2, .., max_len, then again), so load from
+    other processes hits every length alike and the ratios between lengths, which are what
+    the policy uses, stay right on a busy machine."""
     cache = target.make_cache()
     mx.eval(target(mx.array([[1] * context]), cache, logits="last")[0])
-    sps = {}
-    for L in range(1, max_len + 1):
-        x = mx.array([[7] * L])
-        times = []
-        for _ in range(repeats + 1):
+    times: dict[int, list[float]] = {L: [] for L in range(1, max_len + 1)}
+    for r in range(repeats + 1):
+        for L in range(1, max_len + 1):
+            x = mx.array([[7] * L])
             t = time.perf_counter()
             lg, _ = target(x, cache)
             mx.eval(lg)
-            times.append(time.perf_counter() - t)
+            if r:  # round 0 warms up
+                times[L].append(time.perf_counter() - t)
             trim_cache(cache, L)
-        times = sorted(times[1:])
-        sps[L] = 1.0 / times[len(times) // 2]
-    return sps
+    return {L: 1.0 / sorted(ts)[len(ts) // 2] for L, ts in times.items()}
 
 
 def verify_profile(target: Target, max_len: int) -> dict[int, float]:

@@ -10,6 +10,9 @@ from pathlib import Path
 from ..errors import MlxspecError
 
 
+DEFAULT_TOKENS = "code=650000,prose=520000,fortunes=130000"
+
+
 def add_train_args(p):
     p.add_argument("--model", "-m", default=None, help="target (default SmolLM2-135M-Instruct)")
     p.add_argument("--lineage", choices=("dspark", "dflash"), default="dspark")
@@ -17,11 +20,17 @@ def add_train_args(p):
     p.add_argument("--data", default=None, help="shard directory (default: <cache>/shards/<model>); prepared on first use")
     p.add_argument("--corpus", action="append", default=None,
                    help="CATEGORY=GLOB (repeatable); default: stdlib code, Python docs prose, fortunes")
-    p.add_argument("--tokens", default="code=72000,prose=38400,fortunes=9600",
-                   help="training tokens per category (generated tokens in --data-mode generated)")
-    p.add_argument("--data-mode", choices=("generated", "corpus"), default="generated",
-                   help="generated: corpus prefixes continued greedily by the target (default; what greedy "
-                        "verification accepts); corpus: raw corpus windows")
+    p.add_argument("--tokens", default=None,
+                   help=f"training tokens per category (default {DEFAULT_TOKENS}; generated tokens in "
+                        "--data-mode generated); with an existing --data store, its own budget")
+    p.add_argument("--data-mode", choices=("generated", "corpus"), default="corpus",
+                   help="corpus: corpus windows, one batched prefill each, streamed and resumable (default; "
+                        "fastest per token); generated: corpus prefixes continued greedily by the target")
+    p.add_argument("--data-seconds", type=float, default=None,
+                   help="corpus mode: stop preparing data after this many seconds (rerun to resume)")
+    p.add_argument("--data-batch", type=int, default=16, help="corpus mode: windows per target forward")
+    p.add_argument("--max-windows", type=int, default=None,
+                   help="train on the first N windows of the data only (budget studies)")
     p.add_argument("--prefix-len", type=int, default=64, help="generated mode: corpus prefix tokens")
     p.add_argument("--taps", default="1,8,15,22,28", help="target layers (output of layer k) the drafter reads")
     p.add_argument("--seq-len", type=int, default=256)
@@ -33,6 +42,10 @@ def add_train_args(p):
     p.add_argument("--no-confidence", action="store_true")
     p.add_argument("--draft-vocab", type=int, default=8192, help="reduced draft vocabulary size (0 = full)")
     p.add_argument("--labels", choices=("target", "corpus"), default="target")
+    p.add_argument("--loss", choices=("ce", "kl"), default="ce",
+                   help="ce: cross-entropy on the target's argmax; kl: soft cross-entropy on its stored top-k")
+    p.add_argument("--warm-start", action="store_true",
+                   help="start the drafter layers from the target's last layers (fc passes the deepest tap)")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--seqs-per-step", type=int, default=4)
     p.add_argument("--anchors-per-seq", type=int, default=16)
@@ -64,7 +77,7 @@ def cmd_train(a) -> int:
     check_blas()
     target, tok = load_target(a.model)
     taps = [int(x) for x in a.taps.split(",")]
-    budget = _parse_kv(a.tokens)
+    budget = _parse_kv(a.tokens or DEFAULT_TOKENS)
     sources = None
     if a.corpus:
         sources = {}
@@ -81,13 +94,18 @@ def cmd_train(a) -> int:
         cache_dir() / "shards" / f"{name}-{a.data_mode}-L{a.seq_len}-t{'_'.join(map(str, taps))}")
     meta = {"taps": taps, "seq_len": a.seq_len, "budget": budget, "model": target.info.source,
             "sources": sources or DEFAULT_SOURCES, "mode": a.data_mode}
-    if not (data / "meta.json").exists():
+    if a.data_mode == "corpus":
+        stored = data / "meta.json"
+        if stored.exists() and a.tokens is None:
+            budget = json.loads(stored.read_text()).get("budget", budget)  # resume with the store's own budget
+        if a.prepare_only or not stored.exists() or a.tokens is not None:
+            prepare_shards(target, tok, data, taps, a.seq_len, budget, batch=a.data_batch, sources=sources,
+                           max_seconds=a.data_seconds)
+    elif not (data / "meta.json").exists():
         t0 = time.time()
         if a.data_mode == "generated":
             prepare_generated_shards(target, tok, data, taps, a.prefix_len, a.seq_len - a.prefix_len, budget,
                                      sources=sources)
-        else:
-            prepare_shards(target, tok, data, taps, a.seq_len, budget, sources=sources)
         meta["prepare_s"] = time.time() - t0
         (data / "meta.json").write_text(json.dumps(meta, indent=1))
     elif json.loads((data / "meta.json").read_text())["taps"] != taps:
@@ -99,7 +117,7 @@ def cmd_train(a) -> int:
         layers=a.layers, intermediate_size=a.intermediate_size, markov_rank=a.markov_rank,
         confidence_head=not a.no_confidence, draft_vocab=a.draft_vocab, labels=a.labels, steps=a.steps,
         seqs_per_step=a.seqs_per_step, anchors_per_seq=a.anchors_per_seq, lr=a.lr, warmup=a.warmup,
-        seed=a.seed, taps=taps,
+        seed=a.seed, taps=taps, loss=a.loss, warm_start=a.warm_start, max_windows=a.max_windows,
     )
     out = Path(a.out)
     t0 = time.time()

@@ -52,6 +52,9 @@ class TrainConfig:
     weight_decay: float = 0.01
     clip: float = 1.0
     gamma: float = 0.0  # DFlash CE decay; 0 -> 7 for block >= 16 else 4
+    loss: str = "ce"  # ce: cross-entropy on the target's argmax | kl: soft cross-entropy on its top-k
+    warm_start: bool = False  # drafter layers from the target's last layers, fc passing the deepest tap
+    max_windows: int | None = None  # train on the first N windows of the data only (budget studies)
     seed: int = 0
     checkpoint_every: int = 250
     taps: list = field(default_factory=list)
@@ -173,8 +176,15 @@ def loss_fn(model: DFlashModel, frozen: dict, b: dict, tc: TrainConfig):
         logits = logits + model.markov_head.block_bias(b["prev"], h)
     logits = logits.astype(mx.float32)
     lse = mx.logsumexp(logits, axis=-1)
-    picked = mx.take_along_axis(logits, mx.maximum(label, 0)[..., None], axis=-1)[..., 0]
-    ce = (lse - picked) * valid
+    if tc.loss == "kl":
+        # KL to the target's stored top-k distribution (renormalised over the top-k ids in
+        # the draft vocabulary), up to the target's constant entropy term
+        logp_k = mx.take_along_axis(logits, b["tk_ids"], axis=-1) - lse[..., None]
+        pt = b["tk_p"] / mx.maximum(b["tk_p"].sum(-1, keepdims=True), 1e-6)
+        ce = -(pt * logp_k).sum(-1) * valid
+    else:
+        picked = mx.take_along_axis(logits, mx.maximum(label, 0)[..., None], axis=-1)[..., 0]
+        ce = (lse - picked) * valid
     metrics = {}
     if c.lineage == "dflash":
         gamma = tc.gamma or (7.0 if B >= 16 else 4.0)
@@ -220,7 +230,7 @@ def train(
 
     out = Path(out_dir)
     (out / "ckpt").mkdir(parents=True, exist_ok=True)
-    shards = load_shards(shards_dir)
+    shards = load_shards(shards_dir, tc.max_windows)
     meta_path = Path(shards_dir) / "meta.json"
     if not tc.taps:
         tc.taps = json.loads(meta_path.read_text())["taps"] if meta_path.exists() else []
@@ -243,6 +253,8 @@ def train(
     # ~ln V instead of ~70 nats at step 0, but Adam grows a norm weight by ~lr per step:
     # measured, 0.1x had only reached 0.18x after 500 steps, capping every logit.)
     model.norm.weight = target.model.model.norm.weight.astype(mx.float32)
+    if tc.warm_start:
+        warm_start_from_target(model, target, tc.taps)
     if cfg.draft_vocab_size:
         model.d2t = mx.array(d_ids - np.arange(len(d_ids), dtype=np.int32))
     embed = target.embed(mx.arange(V)).astype(mx.float32)
@@ -297,6 +309,40 @@ def train(
             _checkpoint(out, model, opt, step + 1, history, tc, cfg)
     bar.close()
     return model, cfg, {"history": history, "train_config": asdict(tc), "draft_ids": d_ids}
+
+
+def warm_start_from_target(model: DFlashModel, target, taps: list) -> None:
+    """Start the drafter as the target's top: drafter layer i = target layer L - n + i
+    (the layers that feed the final norm and head), q/k norms at 1 (the target has none),
+    fc passing the deepest tap through and hidden_norm = the first copied layer's input
+    norm, so the context K/V start as that layer's own K/V over the target's hidden states.
+    Only for drafters whose layer shapes equal the target's (checked)."""
+    inner = target.model.model
+    n = len(model.layers)
+    src_layers = inner.layers[len(inner.layers) - n:]
+    for dl, tl in zip(model.layers, src_layers):
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            w = getattr(tl.self_attn, name).weight
+            if getattr(dl.self_attn, name).weight.shape != w.shape:
+                raise ValueError(f"warm start: drafter {name} {getattr(dl.self_attn, name).weight.shape} "
+                                 f"differs from the target's {w.shape}")
+            getattr(dl.self_attn, name).weight = w.astype(mx.float32)
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            w = getattr(tl.mlp, name).weight
+            if getattr(dl.mlp, name).weight.shape != w.shape:
+                raise ValueError(f"warm start: drafter mlp.{name} {getattr(dl.mlp, name).weight.shape} "
+                                 f"differs from the target's {w.shape}")
+            getattr(dl.mlp, name).weight = w.astype(mx.float32)
+        dl.input_layernorm.weight = tl.input_layernorm.weight.astype(mx.float32)
+        dl.post_attention_layernorm.weight = tl.post_attention_layernorm.weight.astype(mx.float32)
+        dl.self_attn.q_norm.weight = mx.ones_like(dl.self_attn.q_norm.weight)
+        dl.self_attn.k_norm.weight = mx.ones_like(dl.self_attn.k_norm.weight)
+    H = model.fc.weight.shape[0]
+    deepest = int(np.argmax(taps))
+    fc = np.zeros(model.fc.weight.shape, np.float32)
+    fc[:, deepest * H:(deepest + 1) * H] = np.eye(H, dtype=np.float32)
+    model.fc.weight = mx.array(fc)
+    model.hidden_norm.weight = src_layers[0].input_layernorm.weight.astype(mx.float32)
 
 
 def _target_head(target) -> mx.array:

@@ -1,0 +1,125 @@
+"""Model-free drafting: prompt lookup (n-gram matching against the text so far).
+
+The last n tokens (the anchor included) are looked up among the earlier prompt and
+generated tokens; the tokens that followed the most recent earlier occurrence are the
+proposal. Longer n-grams are tried first (n_max down to n_min). This is what llama.cpp's
+n-gram speculative types, vLLM's `ngram` method and transformers' `prompt_lookup_num_tokens`
+do. The proposal costs a dictionary lookup, no forward.
+
+Also `LookupBlockDrafter`: a block drafter plus lookup; the engine's policy picks, per
+step and from history only, the lookup's tokens or the block drafter's.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from ..models.dflash import DraftOutput
+
+
+class NgramIndex:
+    """Most recent end position of every n-gram (n_min..n_max) in a growing token list."""
+
+    def __init__(self, n_min: int = 2, n_max: int = 4):
+        if not 1 <= n_min <= n_max:
+            raise ValueError(f"n-gram sizes must satisfy 1 <= n_min <= n_max, got {n_min}..{n_max}")
+        self.n_min, self.n_max = n_min, n_max
+        self.tokens: list[int] = []
+        self.last: dict[tuple, int] = {}
+
+    def reset(self, tokens) -> None:
+        self.tokens, self.last = [], {}
+        self.extend(tokens)
+
+    def extend(self, tokens) -> None:
+        for t in tokens:
+            self.tokens.append(int(t))
+            i = len(self.tokens) - 1
+            for n in range(self.n_min, min(self.n_max, i + 1) + 1):
+                self.last[tuple(self.tokens[i - n + 1 : i + 1])] = i
+
+    def propose(self, anchor: int, k: int) -> tuple[list[int], int]:
+        """Up to k tokens that followed the longest matching n-gram ending in `anchor`
+        (the anchor follows self.tokens); -> (tokens, n of the match, 0 if none)."""
+        if k <= 0:
+            return [], 0
+        seq = self.tokens + [int(anchor)]
+        for n in range(min(self.n_max, len(seq) - 1), self.n_min - 1, -1):
+            end = self.last.get(tuple(seq[-n:]))
+            if end is None:
+                continue
+            out: list[int] = []
+            cur = end + 1  # continue after the earlier occurrence; periodic text extends itself
+            while len(out) < k:
+                ext = seq[cur] if cur < len(seq) else out[cur - len(seq)]
+                out.append(ext)
+                cur += 1
+            return out, n
+        return [], 0
+
+
+def one_hot_rows(tokens: list[int], vocab_size: int) -> mx.array:
+    """A deterministic proposal's draft distributions (what sampled verification needs)."""
+    q = np.zeros((len(tokens), vocab_size), np.float32)
+    q[np.arange(len(tokens)), tokens] = 1.0
+    return mx.array(q)
+
+
+class NgramDrafter:
+    """`--spec-type ngram`: prompt lookup behind the same Drafter protocol."""
+
+    name = "ngram"
+    taps: tuple = ()
+
+    def __init__(self, vocab_size: int, max_drafts: int = 8, n_min: int = 2, n_max: int = 4):
+        self.vocab_size, self.max_drafts = vocab_size, max_drafts
+        self.index = NgramIndex(n_min, n_max)
+
+    def begin(self, prompt_ids, prompt_taps):
+        self.index.reset(prompt_ids)
+
+    def accept(self, tokens, taps):
+        self.index.extend(tokens)
+
+    def lookup(self, anchor: int, n: int) -> list[int]:
+        return self.index.propose(anchor, min(n, self.max_drafts))[0]
+
+    def draft(self, anchor, n, sp, rng) -> DraftOutput:
+        toks = self.lookup(anchor, n)
+        probs = None if sp.greedy or not toks else one_hot_rows(toks, self.vocab_size)
+        return DraftOutput(toks, probs, None)
+
+
+class LookupBlockDrafter:
+    """A block drafter (DFlash / DSpark) with prompt lookup beside it (`--ngram`).
+
+    `draft` is the block drafter's; `lookup` is the free n-gram proposal. Which one is
+    verified is the policy's choice (spec/policy.py), made from this request's measured
+    acceptance of each, before either is verified."""
+
+    def __init__(self, block, vocab_size: int, n_min: int = 2, n_max: int = 4):
+        self.block = block
+        self.name = f"{block.name}+ngram"
+        self.taps = block.taps
+        self.max_drafts = block.max_drafts
+        self.vocab_size = vocab_size
+        self.index = NgramIndex(n_min, n_max)
+
+    @property
+    def ctx_len(self):
+        return getattr(self.block, "ctx_len", None)
+
+    def begin(self, prompt_ids, prompt_taps):
+        self.block.begin(prompt_ids, prompt_taps)
+        self.index.reset(prompt_ids)
+
+    def accept(self, tokens, taps):
+        self.block.accept(tokens, taps)
+        self.index.extend(tokens)
+
+    def lookup(self, anchor: int, n: int) -> list[int]:
+        return self.index.propose(anchor, min(n, self.max_drafts))[0]
+
+    def draft(self, anchor, n, sp, rng) -> DraftOutput:
+        return self.block.draft(anchor, n, sp, rng)

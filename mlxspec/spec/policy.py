@@ -1,0 +1,211 @@
+"""How many drafts to verify each step: the verify-length policy.
+
+The choice maximises expected tokens per second of one step:
+
+    rate(l) = E(l) / (t_draft[l > 0] + t_verify(l + 1)),   E(l) = 1 + sum_{j<=l} prod_{i<=j} p_i
+
+where t_verify(L) is the measured cost of a target forward over L tokens (the per-model
+profile, `profile.py`), t_draft the drafter's measured cost, and p_i the conditional
+probability that draft i is accepted given drafts 1..i-1 were. p_i comes from a running
+per-position estimate (this request's verified drafts, with forgetting) and, where the
+drafter has a confidence head, from its confidences calibrated against what was accepted.
+
+l = 0 is a plain autoregressive step with no draft forward at all; it wins whenever
+drafting cannot pay. While it wins, a probe draft runs now and then (with back-off) so the
+policy notices when acceptance rises again.
+
+Lossless: every decision depends only on the history and on drafts, never on the target's
+answer to the block being verified. Under sampling, the length is chosen by a stopping rule
+(draft i is admitted using confidences of rows <= i only, which depend on drafts before i);
+under greedy decoding any function of the drafts is exact, so all confidences are used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+
+def expected_tokens(p: Sequence[float], l: int) -> float:
+    """E(l): tokens committed by a step verifying l drafts (the bonus included)."""
+    e, surv = 1.0, 1.0
+    for i in range(l):
+        surv *= float(p[i])
+        e += surv
+    return e
+
+
+def best_length(p: Sequence[float], verify_time: Sequence[float], draft_time: float, max_len: int) -> tuple[int, float]:
+    """argmax_l rate(l) over l = 0..max_len -> (l, rate). verify_time[L - 1] = cost of L tokens.
+
+    Ties go to the shorter length (cheaper, and less to roll back)."""
+    max_len = min(max_len, len(p), len(verify_time) - 1)
+    best_l, best = 0, 1.0 / verify_time[0]
+    e, surv = 1.0, 1.0
+    for l in range(1, max_len + 1):
+        surv *= float(p[l - 1])
+        e += surv
+        r = e / (draft_time + verify_time[l])
+        if r > best * (1 + 1e-9):
+            best_l, best = l, r
+    return best_l, best
+
+
+def stopping_length(known: Sequence[float], prior: Sequence[float], verify_time: Sequence[float],
+                    draft_time: float) -> int:
+    """Sampling-safe length: admit draft i while the best plan that includes it, using the
+    known (draft-dependent) p for rows <= i and history-only `prior` p beyond, beats the
+    best plan that stops before it. Row i's decision never looks at rows > i."""
+    n = len(known)
+    for i in range(1, n + 1):
+        p = list(known[:i]) + list(prior[i:n])
+        l_all, _ = best_length(p, verify_time, draft_time, n)
+        if l_all < i:
+            return i - 1
+    return n
+
+
+@dataclass
+class AcceptanceEstimate:
+    """Per-position conditional acceptance with exponential forgetting (a Beta posterior
+    mean per position). Position i (1-based) is *tried* when it was verified and drafts
+    1..i-1 were accepted."""
+
+    size: int
+    decay: float = 0.9
+    prior_mean: float = 0.5
+    prior_weight: float = 2.0
+    tried: np.ndarray = field(init=False)
+    hit: np.ndarray = field(init=False)
+
+    def __post_init__(self):
+        self.tried = np.zeros(self.size)
+        self.hit = np.zeros(self.size)
+
+    def observe(self, verified: int, accepted: int) -> None:
+        self.tried *= self.decay
+        self.hit *= self.decay
+        m = min(verified, accepted + 1, self.size)
+        self.tried[:m] += 1.0
+        self.hit[: min(accepted, self.size)] += 1.0
+
+    def p(self) -> np.ndarray:
+        return (self.hit + self.prior_mean * self.prior_weight) / (self.tried + self.prior_weight)
+
+
+@dataclass
+class Calibration:
+    """Scale from a confidence head's outputs to observed acceptance (ratio estimate)."""
+
+    weight: float = 4.0
+    conf_sum: float = 0.0
+    hit_sum: float = 0.0
+
+    def observe(self, conf: Sequence[float], verified: int, accepted: int) -> None:
+        m = min(verified, accepted + 1, len(conf))
+        self.conf_sum = 0.95 * self.conf_sum + float(sum(conf[:m]))
+        self.hit_sum = 0.95 * self.hit_sum + float(min(accepted, m))
+
+    def apply(self, conf: Sequence[float]) -> list[float]:
+        k = (self.hit_sum + self.weight) / (self.conf_sum + self.weight)
+        return [min(1.0, max(0.0, float(c) * k)) for c in conf]
+
+
+@dataclass
+class Plan:
+    source: str  # "none" | "lookup" | "drafter"
+    n: int  # drafts to ask for (0 = autoregressive step)
+    probe: bool = False
+
+
+class VerifyPolicy:
+    """The adaptive policy the engine consults every step (state per request)."""
+
+    def __init__(self, verify_time: Sequence[float], max_drafts: int, probe_every: int = 4, max_probe_every: int = 64):
+        vt = np.maximum.accumulate(np.asarray(verify_time, dtype=np.float64))  # cost never falls with length
+        self.base_verify_time = [float(x) for x in vt]
+        self.verify_scale: float | None = None  # observed / profiled verify time (machine load now)
+        self.max_drafts = min(max_drafts, len(self.verify_time) - 1)
+        self.est: dict[str, AcceptanceEstimate] = {}
+        self.calib: dict[str, Calibration] = {}
+        self.draft_time: dict[str, float] = {}
+        self.probe_base, self.max_probe_every = probe_every, max_probe_every
+        self.probe_every, self.since_draft = probe_every, 0
+        self.last_probe = False
+
+    @property
+    def verify_time(self) -> list[float]:
+        k = self.verify_scale or 1.0
+        return [k * t for t in self.base_verify_time]
+
+    def observe_verify(self, length: int, seconds: float) -> None:
+        """A measured verify forward over `length` tokens rescales the profile (its shape is
+        kept: what matters for the choice is the ratio between lengths and the draft cost)."""
+        if 1 <= length <= len(self.base_verify_time) and seconds > 0:
+            r = seconds / self.base_verify_time[length - 1]
+            self.verify_scale = r if self.verify_scale is None else 0.8 * self.verify_scale + 0.2 * r
+
+    @classmethod
+    def from_profile(cls, sps: dict[int, float], max_drafts: int, **kw) -> "VerifyPolicy":
+        """sps: target verify steps/second per length (1 .. max_drafts + 1)."""
+        lengths = sorted(sps)
+        vt = [1.0 / sps[L] for L in lengths if L <= max_drafts + 1]
+        return cls(vt, max_drafts, **kw)
+
+    def estimate(self, source: str) -> AcceptanceEstimate:
+        if source not in self.est:
+            self.est[source] = AcceptanceEstimate(self.max_drafts)
+        return self.est[source]
+
+    def plan(self, n_cap: int, lookup_len: int = 0, has_drafter: bool = True) -> Plan:
+        """Before drafting: autoregressive, the free lookup proposal, or the drafter."""
+        n_cap = min(n_cap, self.max_drafts)
+        if n_cap <= 0:
+            return Plan("none", 0)
+        best = Plan("none", 0)
+        best_rate = 1.0 / self.verify_time[0]
+        if lookup_len > 0:
+            l, r = best_length(self.estimate("lookup").p(), self.verify_time, 0.0, min(lookup_len, n_cap))
+            if l > 0 and r > best_rate:
+                best, best_rate = Plan("lookup", l), r
+        if has_drafter:
+            dt = self.draft_time.get("drafter", 0.0)
+            l, r = best_length(self.estimate("drafter").p(), self.verify_time, dt, n_cap)
+            if l > 0 and r > best_rate:
+                best, best_rate = Plan("drafter", n_cap), r
+            elif best.source == "none":
+                self.since_draft += 1
+                if self.since_draft >= self.probe_every:
+                    best = Plan("drafter", n_cap, probe=True)
+        if best.source != "none":
+            self.since_draft = 0
+        self.last_probe = best.probe
+        return best
+
+    def truncate(self, source: str, n: int, confidence: Sequence[float] | None, greedy: bool) -> int:
+        """After drafting: how many of the n drafts to verify (a probe verifies at least one)."""
+        if n <= 0:
+            return 0
+        prior = list(self.estimate(source).p()[:n])
+        dt = 0.0  # the draft is already paid for
+        if confidence is not None and len(confidence) >= n:
+            known = self.calib.setdefault(source, Calibration()).apply(confidence[:n])
+            l = best_length(known, self.verify_time, dt, n)[0] if greedy else stopping_length(
+                known, prior, self.verify_time, dt)
+        else:
+            l = best_length(prior, self.verify_time, dt, n)[0]
+        return max(l, 1) if self.last_probe else l
+
+    def observe(self, source: str, verified: int, accepted: int, confidence: Sequence[float] | None = None,
+                draft_seconds: float | None = None) -> None:
+        if verified > 0:
+            self.estimate(source).observe(verified, accepted)
+            if confidence is not None:
+                self.calib.setdefault(source, Calibration()).observe(confidence, verified, accepted)
+        if draft_seconds is not None and source == "drafter":
+            old = self.draft_time.get("drafter")
+            self.draft_time["drafter"] = draft_seconds if old is None else 0.8 * old + 0.2 * draft_seconds
+        if self.last_probe:
+            self.probe_every = self.probe_base if accepted > 0 else min(2 * self.probe_every, self.max_probe_every)

@@ -1,0 +1,231 @@
+"""The verify-length policy (pure functions and its state), prompt lookup (n-gram) drafting,
+and the engine with both: greedy output equals autoregressive, sampled output keeps the
+target's distribution (the TV-bound check of test_engine), and the policy's decisions.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlxspec.spec.drafters import BlockDrafter
+from mlxspec.spec.engine import SpecStats, generate_steps
+from mlxspec.spec.ngram import LookupBlockDrafter, NgramDrafter, NgramIndex
+from mlxspec.spec.policy import (AcceptanceEstimate, Calibration, VerifyPolicy, best_length, expected_tokens,
+                                 stopping_length)
+from mlxspec.spec.verify import SamplingParams
+
+from test_engine import (N_TOKENS, PROMPT, TINY_PROMPT, V, Oracle, distribution_check, exact_distribution,
+                         random_drafter, run, tiny)  # noqa: F401  (tiny is a fixture)
+
+FLAT = [1.0, 1.13, 1.3, 1.37, 1.4, 1.45, 1.5, 1.52, 1.54]  # verify cost of 1..9 tokens, shaped like this machine's
+
+
+# ----------------------------------------------------------------------------- pure functions
+
+def test_expected_tokens_hand_computed():
+    assert expected_tokens([0.5, 0.5, 0.5], 0) == 1.0
+    assert expected_tokens([0.5, 0.5, 0.5], 2) == pytest.approx(1 + 0.5 + 0.25)
+    assert expected_tokens([1.0, 0.0, 1.0], 3) == 2.0
+
+
+def test_best_length_zero_when_drafting_cannot_pay():
+    # acceptance 0.1: a 2-token verify costs 1.13x and yields 1.1 tokens -> autoregressive
+    assert best_length([0.1] * 8, FLAT, 0.0, 8)[0] == 0
+    # even perfect drafts do not pay when the verify costs more than they bring
+    assert best_length([1.0] * 8, [1.0] + [10.0] * 8, 0.0, 8)[0] == 0  # 9 tokens for 10x
+    # a draft forward costing 2 decode steps kills a drafter with p = 0.4
+    assert best_length([0.4] * 8, FLAT, 2.0, 8)[0] == 0
+
+
+def test_best_length_full_block_when_drafts_are_right():
+    assert best_length([1.0] * 8, FLAT, 0.0, 8)[0] == 8
+    assert best_length([1.0] * 8, FLAT, 0.0, 5)[0] == 5  # capped
+
+
+def test_best_length_hand_computed_middle():
+    # p = 0.8 then 0: E(1) = 1.8 over 1.13 = 1.593; E(2) = 1.8 over 1.3 = 1.38; AR 1.0 -> l = 1
+    l, r = best_length([0.8, 0.0, 0.9], FLAT, 0.0, 3)
+    assert l == 1 and r == pytest.approx(1.8 / 1.13)
+
+
+def test_stopping_length_never_looks_at_later_rows():
+    prior = [0.6] * 6
+    known = [0.9, 0.9, 0.05, 0.9, 0.9, 0.9]
+    l = stopping_length(known, prior, FLAT, 0.0)
+    # the decision for row i depends on known[:i] only: changing rows after the stop, or
+    # after any admitted row's decision point, never changes earlier decisions
+    for i in range(1, len(known) + 1):
+        alt = known[:i] + [0.99] * (len(known) - i)
+        assert stopping_length(alt, prior, FLAT, 0.0) >= min(l, i - 1)
+    assert l == 2  # row 3 is almost surely rejected
+
+
+def test_acceptance_estimate_counts_conditional_trials():
+    e = AcceptanceEstimate(4, decay=1.0, prior_weight=0.0)
+    e.observe(verified=4, accepted=1)  # row 1 hit, row 2 tried and missed, rows 3-4 not tried
+    e.observe(verified=2, accepted=2)  # rows 1, 2 hit
+    assert list(e.tried) == [2, 2, 0, 0]
+    assert list(e.hit) == [2, 1, 0, 0]
+
+
+def test_calibration_scales_confidences_to_observed_acceptance():
+    c = Calibration(weight=0.0)
+    for _ in range(20):
+        c.observe([0.8, 0.8], verified=2, accepted=1)  # says 0.8, right half the time per try
+    out = c.apply([0.8])
+    assert 0.3 < out[0] < 0.6
+
+
+def test_policy_goes_autoregressive_and_probes_with_back_off():
+    pol = VerifyPolicy(FLAT, 8, probe_every=2, max_probe_every=8)
+    for _ in range(30):  # a drafter that is never right
+        plan = pol.plan(8)
+        if plan.source == "drafter":
+            pol.observe("drafter", pol.truncate("drafter", 8, None, True), 0, None, 0.3)
+    # estimates collapsed: most steps are plain autoregressive, probes are spaced out
+    plans = [pol.plan(8) for _ in range(16)]
+    probes = [p for p in plans if p.source == "drafter"]
+    assert all(p.probe for p in probes) and 1 <= len(probes) <= 3
+    assert pol.probe_every == 8
+    # a probe verifies at least one draft
+    pol.last_probe = True
+    assert pol.truncate("drafter", 8, None, True) >= 1
+
+
+def test_policy_recovers_when_acceptance_rises():
+    pol = VerifyPolicy(FLAT, 8, probe_every=2)
+    for _ in range(20):
+        plan = pol.plan(8)
+        if plan.source == "drafter":
+            pol.observe("drafter", 1, 0, None, 0.1)
+    for _ in range(40):
+        plan = pol.plan(8)
+        if plan.source == "drafter":
+            pol.observe("drafter", pol.truncate("drafter", 8, None, True), 8, None, 0.1)
+    assert pol.plan(8).source == "drafter" and pol.truncate("drafter", 8, None, True) == 8
+
+
+def test_policy_prefers_the_lookup_when_it_is_better_and_free():
+    pol = VerifyPolicy(FLAT, 8)
+    for _ in range(10):
+        pol.observe("lookup", 4, 4)
+        pol.observe("drafter", 4, 0, None, 0.5)
+    assert pol.plan(8, lookup_len=4).source == "lookup"
+    assert pol.plan(8, lookup_len=0).source in ("none", "drafter")
+
+
+def test_policy_uses_confidences_under_greedy():
+    pol = VerifyPolicy(FLAT, 8)
+    assert pol.truncate("drafter", 8, [0.99] * 3 + [0.01] * 5, greedy=True) == 3
+
+
+# ----------------------------------------------------------------------------- prompt lookup
+
+def test_ngram_index_longest_and_most_recent_match():
+    ix = NgramIndex(2, 3)
+    ix.reset([1, 2, 3, 9, 1, 2, 4, 7, 5, 2])
+    assert ix.propose(1, 3) == ([], 0)  # neither (5, 2, 1) nor (2, 1) occurred before
+    ix.reset([1, 2, 3, 9, 1, 2, 4, 7, 1])
+    # (1, 2) occurs at 0-1 and 4-5: the most recent continuation is 4, 7
+    assert ix.propose(2, 2) == ([4, 7], 2)
+    assert ix.propose(2, 0) == ([], 0)
+
+
+def test_ngram_prefers_longer_matches():
+    ix = NgramIndex(2, 3)
+    ix.reset([7, 1, 2, 3, 6, 1, 2, 4, 7, 1])
+    # tail (7, 1, 2): the 3-gram matches at 0-2 -> continuation 3; the 2-gram (1, 2) would say 4
+    assert ix.propose(2, 1) == ([3], 3)
+
+
+def test_ngram_periodic_text_extends_itself():
+    ix = NgramIndex(2, 4)
+    ix.reset([5, 6, 5, 6, 5])
+    toks, n = ix.propose(6, 6)
+    assert toks == [5, 6, 5, 6, 5, 6] and n >= 2
+
+
+def test_ngram_index_rejects_bad_sizes():
+    with pytest.raises(ValueError):
+        NgramIndex(3, 2)
+
+
+# ----------------------------------------------------------------------------- engine: greedy
+
+@pytest.fixture(scope="module")
+def sm(smollm2):
+    target, tok = smollm2
+    ids = tok.encode(PROMPT, add_special_tokens=False)
+    return target, ids, run(target, ids)
+
+
+def _policy(max_drafts, **kw):
+    return VerifyPolicy(FLAT, max_drafts, **kw)
+
+
+def test_greedy_policy_with_random_drafter_is_lossless_and_mostly_autoregressive(sm):
+    target, ids, ar = sm
+    st = SpecStats()
+    d = BlockDrafter(random_drafter(target.info, block=8, taps=(1, 10, 20)), target)
+    out = run(target, ids, d, stats=st, policy=_policy(8, probe_every=2))
+    assert out == ar
+    # most steps verified no draft at all
+    assert sum(1 for l in st.verify_lengths if l == 1) >= len(st.verify_lengths) // 2
+
+
+def test_greedy_policy_with_oracle_is_lossless(sm):
+    target, ids, ar = sm
+    inner = BlockDrafter(random_drafter(target.info, block=4, taps=(1, 10, 20)), target)
+    st = SpecStats()
+    out = run(target, ids, Oracle(inner, ids + ar, target.info.vocab_size), stats=st, policy=_policy(4))
+    assert out == ar and st.accepted > 0
+
+
+def test_greedy_ngram_is_lossless_and_accepts_on_repetitive_text(smollm2):
+    target, tok = smollm2
+    ids = tok.encode("a b c d e f a b c d e f a b c d e f a b c", add_special_tokens=False)
+    ar = run(target, ids, max_tokens=20)
+    for policy in (None, _policy(8)):
+        st = SpecStats()
+        out = run(target, ids, NgramDrafter(target.info.vocab_size, 8), max_tokens=20, stats=st, policy=policy)
+        assert out == ar
+        assert st.accepted / max(st.drafted, 1) > 0.5 and st.tau > 2.0
+
+
+def test_greedy_lookup_block_drafter_is_lossless(smollm2):
+    target, tok = smollm2
+    ids = tok.encode("x = 1\ny = 2\nx = 1\ny = 2\nx = 1\n", add_special_tokens=False)
+    ar = run(target, ids, max_tokens=20)
+    d = LookupBlockDrafter(BlockDrafter(random_drafter(target.info, block=4, taps=(1, 10, 20)), target),
+                           target.info.vocab_size)
+    st = SpecStats()
+    assert run(target, ids, d, max_tokens=20, stats=st, policy=_policy(4)) == ar
+
+
+# ----------------------------------------------------------------------------- engine: sampled
+
+def _sample(target, make, sp, n, policy_kw=None):
+    out = []
+    for seed in range(n):
+        pol = None if policy_kw is None else VerifyPolicy([1.0, 1.05, 1.1, 1.15], 3, **policy_kw)
+        toks = [t for s in generate_steps(target, TINY_PROMPT, make(), N_TOKENS, sampling=sp, seed=seed,
+                                          policy=pol) for t in s]
+        assert len(toks) == N_TOKENS
+        out.append(toks)
+    return np.array(out)
+
+
+@pytest.mark.parametrize("kind", ["ngram", "dspark+policy", "dspark+ngram+policy"])
+def test_sampling_with_policy_and_lookup_is_lossless(tiny, kind):
+    target, _, dspark = tiny
+    sp = SamplingParams(temperature=1.0)
+    make = {
+        "ngram": lambda: NgramDrafter(V, 3, n_min=1, n_max=2),
+        "dspark+policy": lambda: BlockDrafter(dspark, target),
+        "dspark+ngram+policy": lambda: LookupBlockDrafter(BlockDrafter(dspark, target), V, n_min=1, n_max=2),
+    }[kind]
+    exact = exact_distribution(target, TINY_PROMPT, sp, N_TOKENS)
+    res = distribution_check(_sample(target, make, sp, 1500, {"probe_every": 2}), exact)
+    bad = {k: v for k, v in res.items() if v[0] > v[1]}
+    assert not bad, f"speculative sampling differs from the target's distribution: {bad}"
