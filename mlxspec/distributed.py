@@ -164,8 +164,8 @@ class DistTarget(Target):
     """
 
     def __init__(self, inner: Target, group, watchdog: Watchdog, mode: str = "auto", check: bool = False):
-        self.__dict__.update(inner.__dict__)  # model, config, info, ... (public attributes)
-        self.inner = inner
+        self.__dict__.update(inner.__dict__)  # model, config, info, ... (Target's own attributes)
+        self.base = inner
         self.group, self.wd, self.check = group, watchdog, check
         self.rank, self.size = group.rank(), group.size()
         self.stats = DistStats()
@@ -231,7 +231,7 @@ class DistTarget(Target):
 
     def __call__(self, tokens, cache, taps=(), logits="all"):
         if self.size == 1:
-            return self.inner(tokens, cache, taps=taps, logits=logits)
+            return self.base(tokens, cache, taps=taps, logits=logits)
         if self._closed:
             raise MlxspecError("the distributed target was closed")
         toks = [int(t) for t in tokens.reshape(-1).tolist()]
@@ -259,7 +259,7 @@ class DistTarget(Target):
     def _new_cache(self) -> list:
         if self.mode == "pipeline":
             return [self._kv() for _ in self.model.model.layers]
-        return self.inner.make_cache()
+        return self.base.make_cache()
 
     def _own_length(self, cache) -> int:
         """Positions in this rank's part of the cache."""
@@ -343,7 +343,7 @@ class DistTarget(Target):
         if self.mode == "tensor":
             # Every rank runs the same sharded graph; all its all-reduces happen here.
             mode = logits if (self.rank == 0 or logits == "none") else "last"
-            lg, tp = self.inner(tokens, cache, taps=taps, logits=mode)
+            lg, tp = self.base(tokens, cache, taps=taps, logits=mode)
             self.wd.run("tensor-parallel forward", lambda: mx.eval([x for x in (lg, tp) if x is not None]))
             return lg, tp
         return self._pipeline_forward(tokens, cache, taps, logits)

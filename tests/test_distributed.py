@@ -9,6 +9,7 @@ the shipped DSpark drafter (9 heads: not divisible by 2, so pipeline parallel).
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import signal
@@ -27,6 +28,9 @@ from dist_models import FAMILIES, VOCAB, write_tiny_target  # noqa: E402
 from mlxspec import api  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+# Verify every drafted block (where the engine has a verify-length policy): a timing-based
+# policy would make the drafted/accepted counts differ from run to run (the tokens never do).
+SPEC_KW = {"policy": "fixed"} if "policy" in inspect.signature(api.load_speculator).parameters else {}
 PY = sys.executable
 LAUNCH = str(Path(PY).parent / "mlx.launch")
 WORKER = str(Path(__file__).parent / "dist_worker.py")
@@ -78,7 +82,7 @@ def tiny_drafter(path: Path) -> str:
 
 def single_process(model, draft, cases) -> list[dict]:
     """The reference: the same generation in this process, unsharded."""
-    target, tok, spec = api.load(model, draft, log=open(os.devnull, "w"))
+    target, tok, spec = api.load(model, draft, log=open(os.devnull, "w"), **SPEC_KW)
     out = []
     for c in cases:
         toks, last = [], None
@@ -97,7 +101,7 @@ def tiny(tmp_path_factory):
     dirs = {f: write_tiny_target(tmp / f, f) for f in FAMILIES}
     draft = tiny_drafter(tmp / "drafter")
     job = {"runs": [{"model": dirs[fam], "draft": draft, "mode": mode, "check": True, "timeout": 120,
-                     "cases": TINY_CASES} for _, fam, mode in TINY_RUNS]}
+                     "cases": TINY_CASES, "spec_kw": SPEC_KW} for _, fam, mode in TINY_RUNS]}
     res = launch(job, tmp)
     ref = {fam: single_process(dirs[fam], draft, TINY_CASES) for fam in FAMILIES}
     return {rid: (run, ref[fam]) for (rid, fam, _), run in zip(TINY_RUNS, res["runs"])}
@@ -122,7 +126,8 @@ def test_smollm2_pipeline_equals_single_process(smollm2_path, tmp_path):
     ids = tok.encode(text, add_special_tokens=False)
     cases = [{"prompt": ids, "max_tokens": 16, "temp": 0.0},
              {"prompt": ids, "max_tokens": 8, "temp": 0.7, "top_p": 0.9, "seed": 1}]
-    res = launch({"runs": [{"model": None, "draft": "auto", "check": True, "timeout": 300, "cases": cases}]},
+    res = launch({"runs": [{"model": None, "draft": "auto", "check": True, "timeout": 300, "cases": cases,
+                            "spec_kw": SPEC_KW}]},
                  tmp_path)["runs"][0]
     assert res["mode"] == "pipeline", res["describe"]  # 9 heads do not split over 2 ranks
     ref = single_process(None, "auto", cases)
