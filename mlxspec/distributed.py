@@ -188,8 +188,19 @@ class DistTarget(Target):
         if n > 1 and mode == "pipeline" and len(layers) < n:
             raise MlxspecError(f"pipeline parallel needs at least {n} layers, the target has {len(layers)}")
         self.stages = split_layers(len(layers), n)
+        if n > 1:
+            from mlx_lm.models.cache import make_prompt_cache
+
+            kinds = sorted({type(c).__name__ for c in make_prompt_cache(inner.model)})
+            if set(kinds) - {"KVCache", "RotatingKVCache"}:
+                raise MlxspecError(f"{self.info.model_type}: {', '.join(kinds)} caches are not supported across ranks "
+                                   "yet (their rollback replays layers); run it on one rank")
         if self.mode == "tensor":
-            inner.model.shard(group)
+            try:
+                inner.model.shard(group)
+            except Exception as e:  # noqa: BLE001 - mlx-lm's own error, as one line
+                raise MlxspecError(f"mlx-lm's {self.info.model_type}.shard() failed over {n} ranks: "
+                                   f"{str(e).splitlines()[0]}; use --dist-mode pipeline") from None
             mx.eval(inner.model.parameters())
         elif self.mode == "pipeline":
             from mlx.utils import tree_map

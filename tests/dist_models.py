@@ -21,6 +21,11 @@ FAMILIES = {
     "qwen3": dict(model_type="qwen3", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
                   vocab_size=VOCAB, rope_theta=10000.0, tie_word_embeddings=False, max_position_embeddings=512),
+    # mlx-lm runs mistral with its llama classes; sliding-window layers (rotating caches) included
+    "mistral": dict(model_type="mistral", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
+                    num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=VOCAB,
+                    rope_theta=10000.0, tie_word_embeddings=False, sliding_window=6,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"]),
 }
 
 
@@ -36,14 +41,14 @@ def write_tiny_target(path, family: str, seed: int = 0) -> str:
 
     The weights are scaled up so the logits are peaked: greedy argmax has clear margins, as
     in a trained model, instead of near-ties that float summation order could flip."""
-    import importlib
-
     from mlx.utils import tree_flatten, tree_map
 
     cfg = dict(FAMILIES[family])
-    mod = importlib.import_module(f"mlx_lm.models.{cfg['model_type']}")
+    from mlx_lm.utils import _get_classes
+
+    model_class, args_class = _get_classes(config=cfg)
     mx.random.seed(seed)
-    model = mod.Model(mod.ModelArgs.from_dict(cfg))
+    model = model_class(args_class.from_dict(cfg))
     model.update(tree_map(lambda w: mx.random.normal(w.shape) * (0.1 if w.ndim > 1 else 0.0) + (w.ndim == 1),
                           model.parameters()))
     emb = model.model.embed_tokens

@@ -40,11 +40,12 @@ TINY_CASES = [
     {"prompt": PROMPT, "max_tokens": 20, "temp": 0.0},
     {"prompt": PROMPT, "max_tokens": 20, "temp": 0.8, "top_p": 0.95, "seed": 3},
 ]
-# (run id, family, dist mode): one tensor-parallel run per family mlxspec's Target loads
-# (mlx-lm shards all three), plus pipeline parallel forced on two of them.
+# (run id, family, dist mode): one tensor-parallel run per family mlxspec loads from a model
+# directory (llama, qwen2, qwen3, mistral: mlx-lm shards all of them; mistral with sliding-window
+# layers), plus pipeline parallel forced on two of them.
 TINY_RUNS = [("llama-tensor", "llama", "auto"), ("qwen2-tensor", "qwen2", "auto"),
-             ("qwen3-tensor", "qwen3", "auto"), ("llama-pipeline", "llama", "pipeline"),
-             ("qwen3-pipeline", "qwen3", "pipeline")]
+             ("qwen3-tensor", "qwen3", "auto"), ("mistral-tensor", "mistral", "auto"),
+             ("llama-pipeline", "llama", "pipeline"), ("qwen3-pipeline", "qwen3", "pipeline")]
 
 
 def free_port() -> int:
