@@ -330,8 +330,10 @@ def test_bad_input(server):
     with pytest.raises(openai.BadRequestError) as ei:
         c.chat.completions.create(model=m, messages=[])
     assert ei.value.body["param"] == "messages"
-    # and the server is alive and well
-    assert _chat(c, m, "Name a fruit.", max_tokens=2).usage.completion_tokens == 2
+    # and the server is alive and well; `tools` go to the chat template (SmolLM2's defines no tool calls)
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    r = _chat(c, m, "Name a fruit.", max_tokens=2, tools=tools)
+    assert r.usage.completion_tokens == 2 and r.choices[0].message.tool_calls is None
 
 
 def test_api_key(server):
@@ -442,3 +444,24 @@ def test_prompt_cache_byte_bound_is_lru():
     pc.store([3] * 40, _filled("kv", 40, 3), None)  # 1 was used last, so 2 goes
     assert pc.fetch([2] * 41, need_taps=False) is None and pc.fetch([1] * 41, need_taps=False) is not None
     assert not PromptCache(max_bytes=one // 2).store([0] * 40, _filled("kv", 40, 0), None)  # too big to keep
+
+
+def test_tool_call_parsing():
+    from mlxspec.server.app import ToolStream, parse_tool_calls
+
+    text = 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    content, calls = parse_tool_calls(text)
+    assert content == "Let me look."
+    assert [(c["type"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("function", "get_weather", {"city": "Paris"})]
+    assert parse_tool_calls("<tool_call>not json</tool_call>") == ("<tool_call>not json</tool_call>", [])
+    assert parse_tool_calls("plain answer") == ("plain answer", [])
+    # streamed in small pieces: text before the call passes, the call itself is held back
+    ts, out = ToolStream(), ""
+    for i in range(0, len(text), 3):
+        out += ts.feed(text[i:i + 3])
+    assert out == "Let me look.\n"
+    rest, calls = ts.finish()
+    assert rest == "" and calls[0]["function"]["name"] == "get_weather"
+    ts = ToolStream()
+    assert ts.feed("a <tool") == "a " and ts.feed("s are fun") == "<tools are fun" and ts.finish() == ("", [])

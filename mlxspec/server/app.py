@@ -112,6 +112,64 @@ def parse_messages(body: dict) -> list[dict]:
     return out
 
 
+TOOL_OPEN, TOOL_CLOSE = "<tool_call>", "</tool_call>"
+
+
+def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
+    """Split generated text into (content, OpenAI tool_calls) for templates that wrap calls in
+    <tool_call>{"name": ..., "arguments": {...}}</tool_call> (Hermes / Qwen style, as
+    mlx_lm.server reads them). A block that is not valid JSON stays in the content."""
+    calls, content, pos = [], [], 0
+    while True:
+        i = text.find(TOOL_OPEN, pos)
+        j = text.find(TOOL_CLOSE, i + len(TOOL_OPEN)) if i >= 0 else -1
+        if i < 0 or j < 0:
+            content.append(text[pos:])
+            break
+        body = text[i + len(TOOL_OPEN): j].strip()
+        try:
+            obj = json.loads(body)
+            name, args = obj["name"], obj.get("arguments", obj.get("parameters", {}))
+            if not isinstance(name, str):
+                raise ValueError
+        except (ValueError, KeyError, TypeError):
+            content.append(text[pos: j + len(TOOL_CLOSE)])
+        else:
+            content.append(text[pos:i])
+            calls.append({"id": "call_" + secrets.token_hex(12), "type": "function",
+                          "function": {"name": name,
+                                       "arguments": args if isinstance(args, str) else json.dumps(args)}})
+        pos = j + len(TOOL_CLOSE)
+    rest = "".join(content)
+    return (rest.strip() or None) if calls else rest, calls
+
+
+class ToolStream:
+    """Streaming side of `parse_tool_calls`: passes text through until a tool-call block may
+    start, then holds the rest back for parsing at the end."""
+
+    def __init__(self):
+        self.held = ""
+        self.in_call = False
+
+    def feed(self, text: str) -> str:
+        if self.in_call:
+            self.held += text
+            return ""
+        buf = self.held + text
+        i = buf.find(TOOL_OPEN)
+        if i >= 0:
+            self.in_call, self.held = True, buf[i:]
+            return buf[:i]
+        k = max((n for n in range(1, len(TOOL_OPEN)) if buf.endswith(TOOL_OPEN[:n])), default=0)
+        self.held = buf[len(buf) - k:] if k else ""
+        return buf[: len(buf) - k]
+
+    def finish(self) -> tuple[str, list[dict]]:
+        content, calls = parse_tool_calls(self.held)
+        return content or "", calls
+
+
 class Server:
     def __init__(self, args, worker: Worker, model_id: str):
         self.a = args
@@ -122,6 +180,8 @@ class Server:
         self.tok = tok
         self.context = int(worker.target.config.get("max_position_embeddings") or 0) or None
         self.api_key = args.api_key
+        tmpl = getattr(tok, "chat_template", None) or ""
+        self.tool_markup = TOOL_OPEN in tmpl or getattr(tok, "token_to_id", lambda t: None)(TOOL_OPEN) is not None
 
     # -- helpers -------------------------------------------------------------------
     def check_key(self, request: Request):
@@ -251,7 +311,9 @@ class Server:
                 ids = await asyncio.to_thread(render)
             except MlxspecError as e:
                 raise APIError(400, str(e), param="messages", code="invalid_value") from None
-        return await self.run(request, "chat", self.finish_params(p, ids), ids)
+        p = self.finish_params(p, ids)
+        p["tools"] = bool(tools) and self.tool_markup
+        return await self.run(request, "chat", p, ids)
 
     async def completions(self, request: Request):
         self.check_key(request)
@@ -288,7 +350,7 @@ class Server:
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12)
         watcher = asyncio.create_task(_watch_disconnect(request, job))
         if p["stream"]:
-            return StreamingResponse(self.sse(job, kind, rid, p["include_usage"], watcher),
+            return StreamingResponse(self.sse(job, kind, rid, p["include_usage"], watcher, p.get("tools", False)),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
         try:
@@ -307,6 +369,10 @@ class Server:
             watcher.cancel()
         if kind == "chat":
             msg = {"role": "assistant", "content": text}
+            if p.get("tools"):
+                msg["content"], calls = parse_tool_calls(text)
+                if calls:
+                    msg["tool_calls"], finish = calls, "tool_calls"
             choice = {"index": 0, "message": msg, "finish_reason": finish, "logprobs": None}
             obj = "chat.completion"
         else:
@@ -315,11 +381,11 @@ class Server:
         return JSONResponse({"id": rid, "object": obj, "created": int(time.time()), "model": self.model_id,
                              "system_fingerprint": "mlxspec", "choices": [choice], "usage": usage})
 
-    async def sse(self, job: Job, kind: str, rid: str, include_usage: bool, watcher):
+    async def sse(self, job: Job, kind: str, rid: str, include_usage: bool, watcher, tools: bool = False):
         created = int(time.time())
         obj = "chat.completion.chunk" if kind == "chat" else "text_completion"
 
-        def chunk(delta_text=None, finish=None, role=False, usage=_MISSING):
+        def chunk(delta_text=None, finish=None, role=False, usage=_MISSING, tool_calls=None):
             if usage is not _MISSING:
                 choices = []
             elif kind == "chat":
@@ -328,6 +394,8 @@ class Server:
                     delta["role"] = "assistant"
                 if delta_text is not None:
                     delta["content"] = delta_text
+                if tool_calls:
+                    delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(tool_calls)]
                 choices = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
             else:
                 choices = [{"index": 0, "text": delta_text or "", "finish_reason": finish, "logprobs": None}]
@@ -337,6 +405,7 @@ class Server:
                 d["usage"] = usage
             return f"data: {json.dumps(d)}\n\n"
 
+        ts = ToolStream() if tools else None
         try:
             first = True
             while True:
@@ -345,13 +414,22 @@ class Server:
                     yield chunk("", role=True)
                 first = False
                 if ev[0] == "text":
-                    yield chunk(ev[1])
+                    t = ts.feed(ev[1]) if ts else ev[1]
+                    if t:
+                        yield chunk(t)
                 elif ev[0] == "error":
                     err = {"message": ev[3], "type": ev[2], "param": None, "code": ev[2]}
                     yield f"data: {json.dumps({'error': err})}\n\n"
                     break
                 else:
                     _, finish, usage = ev
+                    if ts:
+                        rest, calls = ts.finish()
+                        if rest:
+                            yield chunk(rest)
+                        if calls:
+                            yield chunk(tool_calls=calls)
+                            finish = "tool_calls"
                     yield chunk(None if kind == "chat" else "", finish=finish)
                     if include_usage:
                         yield chunk(usage=usage)
