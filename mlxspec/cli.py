@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dtype", choices=("keep", "float16", "bfloat16", "float32"), default="keep",
                    help="keep: the GGUF's quantized tensors as the lossless MLX affine repack (default); "
                         "float16/bfloat16/float32: dense weights in that dtype")
+    c.add_argument("--force", action="store_true", help="write into a non-empty --out (replaces mlxspec's files there)")
 
     t = sub.add_parser("train", help="train a DFlash or DSpark drafter for a target")
     from .train.cli import add_train_args
@@ -170,7 +171,7 @@ def cmd_inspect(a) -> int:
 def cmd_convert(a) -> int:
     from .loading.convert import convert_to_mlx
 
-    out = convert_to_mlx(a.model, a.out, dtype=a.dtype)
+    out = convert_to_mlx(a.model, a.out, dtype=a.dtype, force=a.force)
     print(f"wrote {out}")
     return 0
 

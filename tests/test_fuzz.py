@@ -205,3 +205,42 @@ def test_verification_never_emits_from_nonfinite_probabilities():
         accept_sampled([3], np.full((1, 4), 0.25), np.full((2, 4), math.nan), rng)
     with pytest.raises(MlxspecError, match="non-finite"):
         sample_token(np.zeros(4), rng)
+
+
+def test_convert_refuses_non_empty_out_and_never_writes_through_symlinks(fx, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    rc, _, err = cli(["convert", "--model", fx.target, "--out", str(out)])
+    assert one_error(rc, err) == (f"--out {out}: the directory is not empty; pass a new directory, or --force to "
+                                  "replace mlxspec's files in it")
+    outside = tmp_path / "outside.json"
+    outside.write_text("precious")
+    (out / "config.json").symlink_to(outside)
+    rc, stdout, err = cli(["convert", "--model", fx.target, "--out", str(out), "--force"])
+    assert rc == 0, err
+    assert outside.read_text() == "precious" and not (out / "config.json").is_symlink()
+    assert json.loads((out / "config.json").read_text())["model_type"] == "llama"
+    assert (out / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in out.iterdir()) == sorted(
+        ["config.json", "generation_config.json", "model.safetensors", "notes.txt", "tokenizer.json",
+         "tokenizer_config.json"])
+
+
+def test_train_resumes_only_matching_settings(tmp_path):
+    from dataclasses import asdict
+
+    from mlxspec.train.trainer import TrainConfig, check_out_dir
+
+    out = tmp_path / "run"
+    (out / "ckpt").mkdir(parents=True)
+    (out / "ckpt" / "state.json").write_text(json.dumps({"step": 2000, "train_config": asdict(TrainConfig(
+        lineage="dspark", taps=[1, 8]))}))
+    check_out_dir(out, TrainConfig(lineage="dspark", taps=[1, 8], steps=4000), resume=True, force=False)  # more steps
+    with pytest.raises(MlxspecError) as e:
+        check_out_dir(out, TrainConfig(lineage="dflash", taps=[1, 8]), resume=True, force=False)
+    assert str(e.value) == (f"--out {out} holds a checkpoint of a different run (lineage 'dspark' there, 'dflash' "
+                            "here); pass the same settings to resume it, --no-resume --force to start over, or a new --out")
+    with pytest.raises(MlxspecError, match="the directory is not empty; pass a new directory, or --force"):
+        check_out_dir(out, TrainConfig(lineage="dflash"), resume=False, force=False)
+    check_out_dir(out, TrainConfig(lineage="dflash"), resume=False, force=True)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import mlx.core as mx
@@ -19,9 +21,19 @@ from mlx.utils import tree_flatten
 from ..errors import MlxspecError
 
 
-def convert_to_mlx(model_path: str | None, out: str, dtype: str = "keep") -> Path:
+def convert_to_mlx(model_path: str | None, out: str, dtype: str = "keep", force: bool = False) -> Path:
+    """force: write into a non-empty `out` (mlxspec's files in it are replaced; others are kept).
+    Files are written to a temporary directory inside `out` and renamed into place, so a failed
+    run leaves no half-written file and a symlink in `out` is replaced, never written through."""
     from ..models.target import dequantize_model
     from .target import load_target, resolve_model_path
+
+    out_p = Path(out)
+    if out_p.exists() and not out_p.is_dir():
+        raise MlxspecError(f"--out {out}: exists and is not a directory; pass a new directory")
+    if out_p.is_dir() and any(out_p.iterdir()) and not force:
+        raise MlxspecError(f"--out {out}: the directory is not empty; pass a new directory, or --force to replace "
+                           "mlxspec's files in it")
 
     src = resolve_model_path(model_path)
     if Path(src).is_dir():
@@ -52,10 +64,18 @@ def convert_to_mlx(model_path: str | None, out: str, dtype: str = "keep") -> Pat
             common = max(({"group_size": v["group_size"], "bits": v["bits"]} for v in q.values()),
                          key=lambda d: sum(1 for v in q.values() if v == d))
             cfg["quantization"] = {**common, **{k: v for k, v in q.items() if v != common}}
-    out_p = Path(out)
-    if out_p.exists() and not out_p.is_dir():
-        raise MlxspecError(f"--out {out}: exists and is not a directory; pass a new directory")
     out_p.mkdir(parents=True, exist_ok=True)
+    final, out_p = out_p, Path(tempfile.mkdtemp(prefix=".mlxspec-convert-", dir=out_p))
+    try:
+        _write_mlx_dir(out_p, tok, model, cfg)
+        for f in sorted(out_p.iterdir()):
+            os.replace(f, final / f.name)  # atomic; replaces a symlink instead of following it
+    finally:
+        shutil.rmtree(out_p, ignore_errors=True)
+    return final
+
+
+def _write_mlx_dir(out_p: Path, tok, model, cfg: dict) -> None:
     tok.save_hf(out_p)  # before the weights: an unsupported vocabulary fails fast
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(out_p / "model.safetensors"), weights, metadata={"format": "mlx"})
@@ -69,7 +89,6 @@ def convert_to_mlx(model_path: str | None, out: str, dtype: str = "keep") -> Pat
     (out_p / "generation_config.json").write_text(
         json.dumps({"bos_token_id": tok.bos_token_id, "eos_token_id": cfg["eos_token_id"]}, indent=2)
     )
-    return out_p
 
 
 def cached_mlx_copy(gguf: str, dtype: str, root: str | None = None, log=None) -> Path:
@@ -86,6 +105,6 @@ def cached_mlx_copy(gguf: str, dtype: str, root: str | None = None, log=None) ->
     sig = f"{src.resolve()} {src.stat().st_size} {src.stat().st_mtime_ns}"
     if not (out / "config.json").exists() or not stamp.exists() or stamp.read_text() != sig:
         print(f"writing {src.name} as an MLX directory for mlx_lm: {out} (--dtype {dtype})", file=log or sys.stderr)
-        convert_to_mlx(str(src), str(out), dtype=dtype)
+        convert_to_mlx(str(src), str(out), dtype=dtype, force=True)
         stamp.write_text(sig)
     return out

@@ -53,6 +53,8 @@ def add_train_args(p):
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-resume", action="store_true")
+    p.add_argument("--force", action="store_true",
+                   help="write into a non-empty --out that holds no checkpoint to resume (with --no-resume: start over)")
     p.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts per category for the final evaluation (0 = skip)")
     p.add_argument("--prepare-only", action="store_true")
 
@@ -121,7 +123,7 @@ def cmd_train(a) -> int:
     )
     out = Path(a.out)
     t0 = time.time()
-    model, cfg, info = train(target, str(data), str(out), tc, resume=not a.no_resume)
+    model, cfg, info = train(target, str(data), str(out), tc, resume=not a.no_resume, force=a.force)
     train_s = time.time() - t0
     paths = export_all(model, cfg, out, target=target)
     report = {"train_config": asdict(tc), "train_seconds_this_run": train_s,

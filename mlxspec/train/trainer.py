@@ -222,13 +222,18 @@ def train(
     tc: TrainConfig,
     resume: bool = True,
     log=print,
+    force: bool = False,
 ) -> tuple[DFlashModel, DrafterConfig, dict]:
-    """Train a drafter; checkpoints in out_dir/ckpt; returns (model, config, history)."""
+    """Train a drafter; checkpoints in out_dir/ckpt; returns (model, config, history).
+
+    A checkpoint in out_dir is resumed only when its settings match `tc` (`check_out_dir`);
+    a non-empty out_dir without one is refused unless `force`."""
     from tqdm import tqdm
 
     from .data import load_shards
 
     out = Path(out_dir)
+    check_out_dir(out, tc, resume, force)
     (out / "ckpt").mkdir(parents=True, exist_ok=True)
     shards = load_shards(shards_dir, tc.max_windows)
     meta_path = Path(shards_dir) / "meta.json"
@@ -352,9 +357,46 @@ def _target_head(target) -> mx.array:
     return target_head_rows(target, None)
 
 
+def check_out_dir(out: Path, tc: TrainConfig, resume: bool, force: bool) -> None:
+    """--out safety: resume only a checkpoint trained with the same settings (all but the
+    step budget); refuse a non-empty directory holding none unless `force`."""
+    from ..errors import MlxspecError
+
+    state = out / "ckpt" / "state.json"
+    if resume and state.exists():
+        try:
+            old = json.loads(state.read_text())["train_config"]
+            assert isinstance(old, dict)
+        except (ValueError, KeyError, TypeError, AssertionError, OSError):
+            raise MlxspecError(f"{state}: the checkpoint state is unreadable; pass --no-resume --force to start over, "
+                               "or a new --out") from None
+        new = asdict(tc)
+        diff = [k for k in new if k not in ("steps", "checkpoint_every") and (k != "taps" or new[k])
+                and json.loads(json.dumps(new[k])) != old.get(k, new[k])]
+        if diff:
+            shown = ", ".join(f"{k} {old.get(k)!r} there, {new[k]!r} here" for k in diff[:4])
+            raise MlxspecError(f"--out {out} holds a checkpoint of a different run ({shown}); pass the same settings "
+                               "to resume it, --no-resume --force to start over, or a new --out")
+        return
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise MlxspecError(f"--out {out}: the directory is not empty{' and holds no checkpoint to resume' if resume else ''}; "
+                           "pass a new directory, or --force to overwrite it")
+
+
+def _atomic(path: Path, write) -> None:
+    """write(tmp_path) then rename over `path`: a crash never leaves a half-written file."""
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp{path.suffix}")  # savers go by the extension
+    try:
+        write(str(tmp))
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
 def _checkpoint(out: Path, model, opt, step, history, tc, cfg):
     ck = out / "ckpt"
-    model.save_weights(str(ck / "model.safetensors"))
-    mx.save_safetensors(str(ck / "optimizer.safetensors"), dict(tree_flatten(opt.state)))
-    (ck / "state.json").write_text(json.dumps({"step": step, "history": history,
-                                                "train_config": asdict(tc), "drafter_config": cfg.to_dict()}))
+    _atomic(ck / "model.safetensors", model.save_weights)
+    _atomic(ck / "optimizer.safetensors", lambda p: mx.save_safetensors(p, dict(tree_flatten(opt.state))))
+    state = json.dumps({"step": step, "history": history, "train_config": asdict(tc), "drafter_config": cfg.to_dict()})
+    _atomic(ck / "state.json", lambda p: Path(p).write_text(state))
