@@ -234,3 +234,96 @@ def test_unsupported_architecture_is_one_line():
     with pytest.raises(MlxspecError, match="'linear' is not supported as a target") as e:
         Target(nn.Linear(4, 4), {"model_type": "linear"})
     assert "\n" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- Python API and hub ids
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_api_takes_an_mlx_lm_model_and_tokenizer_straight(tmp_path, arch):
+    """mlx_lm.load(...) -> (model, tokenizer) go straight into mlxspec.generate, with a draft
+    model, and give mlx_lm.generate's greedy text."""
+    import mlx_lm
+    from tiny_targets import write_tiny_dir
+
+    from mlxspec import api
+
+    _, tdir = write_tiny_dir(tmp_path / "target", arch, seed=0)
+    _, ddir = write_tiny_dir(tmp_path / "draft", arch, seed=5)
+    model, tok = mlx_lm.load(tdir)
+    prompt = [1, 5, 9, 2, 7, 3, 8]  # ids: transformers swaps in Qwen3.5's own tokenizer class for the toy one
+    want = mlx_lm.generate(model, tok, prompt, max_tokens=12)
+    spec = api.load_speculator(ddir, model, spec_type="draft-simple", num_draft_tokens=3)
+    got = api.generate(model, tok, prompt, spec, max_tokens=12)
+    assert got == want and want
+
+
+def _cli(*args, hf_home, timeout=300):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HF_HOME=str(hf_home), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    return subprocess.run([sys.executable, "-m", "mlxspec.cli", *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def test_hub_ids_resolve_from_the_local_cache_offline(tmp_path):
+    """--model and --draft take Hugging Face repo ids (a cached snapshot in HF_HOME, offline);
+    a sliding-window target with a draft model gives the plain run's text; an uncached repo is
+    one line, exit 2."""
+    from tiny_targets import write_hub_repo
+
+    hf = tmp_path / "hf"
+    write_hub_repo(hf, "tiny-org/gemma3-tiny", "gemma3", seed=0)
+    write_hub_repo(hf, "tiny-org/gemma3-tiny-draft", "gemma3", seed=5)
+    common = ["--prompt", "t1 t5 t9 t2 t7 t3 t8", "--max-tokens", 16, "--ignore-chat-template", "--verbose", "False"]
+    plain = _cli("generate", "--model", "tiny-org/gemma3-tiny", "--draft", "none", *common, hf_home=hf)
+    assert plain.returncode == 0, plain.stderr
+    spec = _cli("generate", "--model", "tiny-org/gemma3-tiny", "--spec-type", "draft-simple",
+                "--draft", "tiny-org/gemma3-tiny-draft", "--num-draft-tokens", 3, *common, hf_home=hf)
+    assert spec.returncode == 0, spec.stderr
+    assert spec.stdout == plain.stdout and plain.stdout.strip()
+    missing = _cli("generate", "--model", "tiny-org/not-there", "--draft", "none", *common, hf_home=hf)
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    lines = [ln for ln in missing.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "tiny-org/not-there" in lines[0] and "HF_HUB_OFFLINE" in lines[0], missing.stderr
+
+
+def test_draft_auto_picks_the_registry_drafter_and_validates_it(tmp_path):
+    """--draft auto on a hub target takes its drafter from mlxspec/drafters/registry.json
+    (here z-lab's repo id for Qwen3-8B, holding a tiny random DFlash drafter in the offline
+    cache); the output is the target's; `inspect` shows the pairing; a drafter that does not
+    fit its target is refused in one line."""
+    import test_engine as te
+    from tiny_targets import hub_snapshot_dir, write_hub_repo
+
+    from mlxspec.loading.drafter import save_drafter
+    from mlxspec.registry import lookup, model_name
+
+    assert model_name("mlx-community/Qwen3-8B-4bit") == "qwen3-8b"
+    assert lookup("mlx-community/Qwen3-8B-4bit")["drafter"] == "z-lab/Qwen3-8B-DFlash-b16"
+    assert lookup("someone/unknown-model") is None
+    hf = tmp_path / "hf"
+    model, _ = write_hub_repo(hf, "mlx-community/Qwen3-8B-4bit", "qwen3")
+    info = Target(model, {"model_type": "qwen3"}).info
+    m = te.random_drafter(info, block=4, anchor_first=False, taps=(0, 2), heads=4, kv_heads=2, head_dim=8, mask=63)
+    save_drafter(m, m.config, hub_snapshot_dir(hf, "z-lab/Qwen3-8B-DFlash-b16"), "zlab", target=info)
+    common = ["--prompt", "t1 t5 t9 t2 t7 t3 t8", "--max-tokens", 12, "--ignore-chat-template", "--verbose", "False"]
+    plain = _cli("generate", "--model", "mlx-community/Qwen3-8B-4bit", "--draft", "none", *common, hf_home=hf)
+    auto = _cli("generate", "--model", "mlx-community/Qwen3-8B-4bit", *common, hf_home=hf)
+    assert plain.returncode == 0 and auto.returncode == 0, auto.stderr
+    assert "--draft auto: z-lab/Qwen3-8B-DFlash-b16 (dflash, z-lab; registry v1)" in auto.stderr
+    assert "lineage=dflash" in auto.stderr
+    assert auto.stdout == plain.stdout and plain.stdout.strip()
+    r = _cli("inspect", "mlx-community/Qwen3-8B-4bit", hf_home=hf)
+    assert r.returncode == 0, r.stderr
+    assert "drafter (--draft auto): z-lab/Qwen3-8B-DFlash-b16" in r.stdout
+    # the registry's drafter for Qwen3-4B, but built for a wider model: refused before generating
+    write_hub_repo(hf, "Qwen/Qwen3-4B", "qwen3")
+    wide = te.random_drafter(info, block=4, anchor_first=False, taps=(0, 2), hidden=48, heads=4, kv_heads=2,
+                             head_dim=8, mask=63)
+    save_drafter(wide, wide.config, hub_snapshot_dir(hf, "z-lab/Qwen3-4B-DFlash-b16"), "zlab", target=info)
+    bad = _cli("generate", "--model", "Qwen/Qwen3-4B", *common, hf_home=hf)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
+    errs = [ln for ln in bad.stderr.splitlines() if ln.startswith("mlxspec: error")]
+    assert len(errs) == 1 and "hidden" in errs[0], bad.stderr

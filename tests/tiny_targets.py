@@ -53,11 +53,8 @@ def tiny_model(arch: str, seed: int = 0, vocab: int = 64, base=None, noise: floa
     else:
         # a peakier head than the init's, so greedy/sampled outputs are not near-uniform
         head = m.language_model if hasattr(m, "language_model") else m
-        if "lm_head" in head:
+        if "lm_head" in head:  # (a tied head is left alone: scaling the embedding too is far too peaky)
             head.lm_head.weight = head.lm_head.weight * head_scale
-        else:
-            inner = head.model
-            inner.embed_tokens.weight = inner.embed_tokens.weight * head_scale
     mx.eval(m.parameters())
     return m, cfg
 
@@ -65,3 +62,48 @@ def tiny_model(arch: str, seed: int = 0, vocab: int = 64, base=None, noise: floa
 def tiny_target(arch: str, seed: int = 0, vocab: int = 64, **kw) -> Target:
     m, cfg = tiny_model(arch, seed, vocab, **kw)
     return Target(m, cfg, source=f"tiny-{arch}")
+
+
+def tokenizer_json(n: int) -> dict:
+    """A word-level tokenizer over "t0".."t{n-1}" (whitespace-split)."""
+    vocab = {f"t{i}": i for i in range(n)}
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [], "normalizer": None,
+            "pre_tokenizer": {"type": "Whitespace"}, "post_processor": None,
+            "decoder": {"type": "WordPiece", "prefix": "##", "cleanup": False},
+            "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}}
+
+
+def write_tiny_dir(path, arch: str, seed: int = 0, vocab: int = 64, **kw):
+    """An MLX model directory of the tiny `arch` model (mlx-lm's own save_model/save_config),
+    with a word-level tokenizer.json: what `mlx_lm.load` and `mlxspec --model` read."""
+    import json
+    from pathlib import Path
+
+    from mlx_lm.utils import save_config, save_model
+
+    m, cfg = tiny_model(arch, seed, vocab, **kw)
+    p = Path(path)
+    p.mkdir(parents=True, exist_ok=True)
+    save_model(p, m)
+    save_config(dict(cfg), p / "config.json")
+    (p / "tokenizer.json").write_text(json.dumps(tokenizer_json(vocab)))
+    # without this transformers picks the model family's tokenizer class (Qwen2Tokenizer, ...)
+    (p / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast"}))
+    return m, str(p)
+
+
+def write_hub_repo(hf_home, repo: str, arch: str, **kw):
+    """`repo` as a cached Hugging Face snapshot under `hf_home` (the layout huggingface_hub's
+    cache uses: refs/main -> snapshots/<commit>/...), for offline hub-id tests."""
+    return write_tiny_dir(hub_snapshot_dir(hf_home, repo), arch, **kw)
+
+
+def hub_snapshot_dir(hf_home, repo: str):
+    """The snapshot directory of `repo` in the hub cache under `hf_home` (refs/main points to it)."""
+    from pathlib import Path
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    root = Path(hf_home) / "hub" / ("models--" + repo.replace("/", "--"))
+    (root / "refs").mkdir(parents=True, exist_ok=True)
+    (root / "refs" / "main").write_text(commit)
+    return root / "snapshots" / commit

@@ -432,6 +432,9 @@ def load_drafter(path, target_info: TargetInfo | None = None, requested: str = "
     if requested not in REQUESTED:
         raise MlxspecError(f"unknown drafter type {requested!r}; use one of: {', '.join(REQUESTED)}")
     log = sys.stderr if log is None else log
+    from .hub import resolve  # a Hugging Face repo id -> its local snapshot, like mlx_lm
+
+    path = resolve(str(path), "drafter")
     raw = read_drafter(path, None if target_info is None else target_info.vocab_size)
     cfg = raw.cfg
     layout_fmt = raw.fmt

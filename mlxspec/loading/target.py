@@ -25,11 +25,14 @@ def _cuda_available() -> bool:
 
 
 def resolve_model_path(path: str | None) -> str:
+    """None -> the default model; a Hugging Face repo id -> its local snapshot (like mlx_lm)."""
     if path is None:
         from ..cache import default_model_path
 
         return str(default_model_path())
-    return path
+    from .hub import resolve
+
+    return resolve(str(path), "model")
 
 
 def load_target(path: str | None = None, dense: bool | None = None) -> tuple[Target, Tokenizer]:
@@ -71,8 +74,13 @@ def _load_dir(p: Path):
         raise MlxspecError(f"{p}: no config.json; pass an MLX/HF model directory or a .gguf file")
     config = json.loads(cfg_path.read_text())
     mt = config.get("model_type")
-    if mt not in ("llama", "qwen2", "qwen3", "mistral"):
-        raise MlxspecError(f"{p}: model_type '{mt}' is not supported as a target; supported: llama, qwen2, qwen3")
+    try:  # any architecture mlx-lm implements; Target then checks its caches can be rolled back
+        from mlx_lm.utils import _get_classes
+
+        _get_classes(config)
+    except Exception:  # noqa: BLE001 - mlx-lm's ValueError, or a config its ModelArgs cannot take
+        raise MlxspecError(f"{p}: model_type '{mt}' is not supported as a target: mlx-lm "
+                           f"has no implementation of it") from None
     if not list(p.glob("*.safetensors")):
         raise MlxspecError(f"{p}: no .safetensors weights found; convert the checkpoint to safetensors")
     try:
