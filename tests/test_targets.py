@@ -327,3 +327,24 @@ def test_draft_auto_picks_the_registry_drafter_and_validates_it(tmp_path):
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
     errs = [ln for ln in bad.stderr.splitlines() if ln.startswith("mlxspec: error")]
     assert len(errs) == 1 and "hidden" in errs[0], bad.stderr
+
+
+def test_deepcopy_keeps_the_caches_and_drops_the_log(arch_target):
+    """The server's prompt cache deep-copies caches: the copy holds the same state, no undo
+    records (they reference layers), and can still be trimmed where mlx-lm's trim is exact."""
+    import copy
+
+    arch, target = arch_target
+    cache = target.make_cache()
+    target(mx.array([PROMPT[:3]]), cache)
+    cp = copy.deepcopy(cache)
+    assert cp.log == [] and cache.log and cache_length(cp) == 3
+    assert_caches_equal(cp, cache)
+    if arch == "qwen3_5":
+        with pytest.raises(MlxspecError, match="no record"):
+            trim_cache(cp, 1)
+    else:
+        trim_cache(cp, 1)  # 3 positions: a 4-token window is not full yet
+        fresh = target.make_cache()
+        target(mx.array([PROMPT[:2]]), fresh)
+        assert_caches_equal(cp, fresh)

@@ -108,6 +108,14 @@ class TargetCache(list):
         self.length = 0
         self.log: list[_Step] = []
 
+    def __deepcopy__(self, memo):
+        """A copy of the caches with an empty undo log (the records hold layer references)."""
+        import copy
+
+        out = TargetCache([copy.deepcopy(c, memo) for c in self])
+        out.length = self.length
+        return out
+
     # -- called by Target.__call__ before a forward of n tokens ----------------------
     def begin(self, n: int) -> _Step:
         step = _Step(n)
@@ -130,7 +138,8 @@ class TargetCache(list):
         try:
             while n > 0:
                 if not self.log:
-                    if all(k == "kv" for k in self.kinds):  # plain KV caches need no record
+                    # no record: exact only where mlx-lm's trim is (KV caches; a window not yet full)
+                    if all(k != "arrays" and c.is_trimmable() for c, k in zip(self, self.kinds)):
                         for c in self:
                             c.trim(n)
                         self.length -= n
