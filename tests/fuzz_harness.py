@@ -356,6 +356,8 @@ def raw_cases(fx: Fixtures, rng, n_flips: int, base_name: str, data: bytes, layo
                 f.write(blob)
             return {"@F": p}
         cases.append(Case(cid, group, desc, argv_of("@F"), build=build))
+        if rng.random() < 0.25:  # `mlxspec inspect` on the same file: a report or one line
+            cases.append(Case(cid + "-inspect", "inspect", desc, ["inspect", "@F"], expect="run-or-error", build=build))
 
     flippable = [f for f in layout if f[0] in FLIPPABLE or (f[0] == "key" and f[3].split(".")[0] in
                                                               ("llama", "dflash", "general"))]
@@ -589,6 +591,10 @@ def flag_cases(fx: Fixtures) -> list[Case]:
     for what in ("config.json", "model.safetensors"):
         cases.append(Case(f"fifo-drafter-{what}", "files", f"a FIFO as the drafter's {what}", fx.base_argv(draft="@D"),
                           expect="error", build=lambda d, w=what: fifo_drafter(d, w)))
+    cases.append(Case("fifo-inspect", "files", "mlxspec inspect FIFO", ["inspect", "@FIFO"], expect="error",
+                      build=lambda d: (os.mkfifo(os.path.join(d, "f.gguf")), {"@FIFO": os.path.join(d, "f.gguf")})[1]))
+    cases.append(Case("fifo-draft-gguf", "files", "a FIFO as --draft", fx.base_argv(draft="@FIFO"), expect="error",
+                      build=lambda d: (os.mkfifo(os.path.join(d, "d.gguf")), {"@FIFO": os.path.join(d, "d.gguf")})[1]))
     cases.append(Case("model-dir-missing", "files", "--model a missing path", fx.base_argv(model="/nonexistent/x.gguf"),
                       expect="error"))
     cases.append(Case("model-is-dir", "files", "--model an empty directory", fx.base_argv(model="@DIR"), expect="error",
@@ -774,6 +780,8 @@ def classify(case: Case, res: dict, baseline: str) -> tuple[str, str]:
             return "refused", msg
         return "error", msg
     if rc == 0:
+        if case.expect == "run-or-error":
+            return "ok", ""
         if case.expect == "error":
             return "accepted", out.strip()[:100]
         if case.expect == "ok":

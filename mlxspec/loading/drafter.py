@@ -414,6 +414,9 @@ def read_drafter(path, target_vocab: int | None = None) -> RawDrafter:
         return drafter_hf.read_hf_drafter(path)
     if not os.path.exists(path):
         raise MlxspecError(f"{path}: no such file or directory; pass a drafter directory or .gguf file")
+    from ..validate import require_regular_file
+
+    require_regular_file(path, "drafter file")  # a FIFO would block forever
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic == b"GGUF":
