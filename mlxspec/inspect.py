@@ -35,13 +35,22 @@ _BIG_META = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.t
 
 
 def inspect_path(path: str | os.PathLike) -> str:
-    """The report for a .gguf file or a model / drafter directory, as text."""
-    p = Path(path)
+    """The report for a .gguf file or a model / drafter directory (or a Hugging Face repo id:
+    its cached/downloaded snapshot), as text."""
+    from .loading.hub import resolve
+
+    shown = str(path)
+    p = Path(resolve(str(path), "model"))
     if not p.exists():
         raise MlxspecError(f"{path}: no such file or directory; pass a .gguf file or a model/drafter directory")
-    if p.is_dir():
-        return _inspect_dir(p)
-    return _inspect_gguf(p)
+    report = _inspect_dir(p) if p.is_dir() else _inspect_gguf(p)
+    lines = report.split("\n")
+    at = next((i for i, ln in enumerate(lines) if ln.startswith("  role: target")), None)
+    if at is not None:  # the --draft auto pairing (mlxspec/drafters/registry.json)
+        from .registry import describe
+
+        lines.insert(at + 1, f"  drafter (--draft auto): {describe(shown)}")
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -399,11 +408,15 @@ def _inspect_dir(d: Path) -> str:
 
 def _dir_target_view(d: Path, config: dict, rows, lines: list[str], problems: list[str]) -> None:
     mt = config.get("model_type")
-    if mt not in ("llama", "qwen2", "qwen3", "mistral"):
+    try:  # any architecture mlx-lm implements (Target checks its caches roll back at load)
+        from mlx_lm.utils import _get_classes
+
+        _get_classes(config)
+    except Exception:  # noqa: BLE001
         lines.append(f"  model_type: {mt!r}")
         problems.append(
-            f"model_type '{mt}' is not supported as a target (llama, qwen2, qwen3) and config.json is not a "
-            "DFlash/DSpark drafter"
+            f"model_type '{mt}' is not supported as a target (mlx-lm has no implementation of it) and "
+            "config.json is not a DFlash/DSpark drafter"
         )
         return
     lines.append(f"  role: target ({mt})")
