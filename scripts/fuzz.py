@@ -27,12 +27,14 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--limit", type=float, default=fh.CASE_LIMIT_S, help="seconds per case")
     ap.add_argument("--verbose", "-v", action="store_true", help="one line per case")
+    ap.add_argument("--group", action="append", default=None, help="run only this group of cases (repeatable)")
     a = ap.parse_args()
     if a.cases < 1 or a.seed < 0:
         ap.error("--cases must be >= 1 and --seed >= 0")
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="mlxspec-fuzz-") as d:
-        results, _ = fh.run_cases(a.cases, a.seed, d, log=sys.stdout if a.verbose else None, limit_s=a.limit)
+        results, _ = fh.run_cases(a.cases, a.seed, d, log=sys.stdout if a.verbose else None, limit_s=a.limit,
+                                  groups=a.group)
     print(f"\nmlxspec fuzz: {len(results)} cases, seed {a.seed}, {time.time() - t0:.0f} s")
     print(fh.verdict_table(results))
     bad = [(c, v, dt) for c, v, dt, _ in results if v not in fh.GOOD]

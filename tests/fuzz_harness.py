@@ -209,6 +209,10 @@ class Fixtures:
         self.drafter = os.path.join(root, "drafter")
         self.drafter_gguf = os.path.join(root, "drafter.gguf")
         self._write_drafters()
+        self.hf_target = os.path.join(root, "target-mlx")
+        from mlxspec.loading.convert import convert_to_mlx
+
+        convert_to_mlx(self.target, self.hf_target, dtype="float32")
         self.dg_bytes = open(self.drafter_gguf, "rb").read()
         self.dg_layout, self.dg_data_start = walk_gguf(self.dg_bytes)
 
@@ -541,6 +545,56 @@ def hf_drafter_cases(fx: Fixtures, rng) -> list[Case]:
     return cases
 
 
+def hf_target_cases(fx: Fixtures, rng) -> list[Case]:
+    """An MLX/HF target directory (written by `mlxspec convert`): config.json and safetensors mutations."""
+    cases = []
+    cfg = json.load(open(os.path.join(fx.hf_target, "config.json")))
+
+    def variant(cid, desc, config=None, mutate_st=None, text=None):
+        def build(d):
+            p = os.path.join(d, "tm")
+            shutil.copytree(fx.hf_target, p)
+            if config is not None or text is not None:
+                with open(os.path.join(p, "config.json"), "w") as f:
+                    f.write(text if text is not None else json.dumps({**cfg, **config}))
+            if mutate_st is not None:
+                mutate_st(os.path.join(p, "model.safetensors"))
+            return {"@M": p}
+        cases.append(Case(cid, "hf-target", desc, fx.base_argv(model="@M"), build=build))
+
+    variant("hft-baseline", "unmodified converted directory", config={})
+    for text, desc in [("[]", "a list"), ("{", "invalid JSON"), ('"x"', "a string")]:
+        variant(f"hft-config-{desc}", f"config.json is {desc}", text=text)
+    for key, vals in {"hidden_size": [0, -1, "256", 255, 1.5], "num_hidden_layers": [0, 10**9, 3, 1],
+                      "num_attention_heads": [0, 3], "num_key_value_heads": [0, 3], "intermediate_size": [0, 255],
+                      "vocab_size": [0, 271, 2**40], "rms_norm_eps": [-1.0, 0, "x"], "rope_theta": [0, -1.0, "x"],
+                      "max_position_embeddings": [0, -5, "x"], "model_type": ["mamba", 5, None],
+                      "head_dim": [0, 63]}.items():
+        for v in vals:
+            variant(f"hft-{key}-{v!r}", f"config.json {key} = {v!r}", config={key: v})
+
+    def st(fn):
+        def mutate(p):
+            from safetensors.numpy import load_file, save_file
+
+            t = load_file(p)
+            fn(t)
+            save_file(t, p, metadata={"format": "mlx"})
+        return mutate
+
+    def nan(t):
+        k = "model.layers.0.mlp.up_proj.weight"
+        a = t[k].copy()
+        a[0, 0] = np.nan
+        t[k] = a
+    variant("hft-st-nan", "a NaN target weight", mutate_st=st(nan))
+    variant("hft-st-drop", "a tensor missing", mutate_st=st(lambda t: t.pop("model.layers.1.mlp.up_proj.weight")))
+    variant("hft-st-shape", "a tensor transposed", mutate_st=st(
+        lambda t: t.__setitem__("model.embed_tokens.weight", np.ascontiguousarray(t["model.embed_tokens.weight"].T))))
+    variant("hft-st-trunc", "safetensors truncated", mutate_st=lambda p: open(p, "r+b").truncate(os.path.getsize(p) // 2))
+    return cases
+
+
 def flag_cases(fx: Fixtures) -> list[Case]:
     cases = []
     T = fx.target
@@ -623,7 +677,7 @@ def api_cases(fx: Fixtures) -> list[Case]:
 def all_cases(fx: Fixtures, n: int, seed: int) -> list[Case]:
     rng = np.random.default_rng(seed)
     fixed = flag_cases(fx) + api_cases(fx)
-    pool = gguf_target_cases(fx, rng) + hf_drafter_cases(fx, rng)
+    pool = gguf_target_cases(fx, rng) + hf_drafter_cases(fx, rng) + hf_target_cases(fx, rng)
     pool += raw_cases(fx, rng, max(40, n // 3), "t.gguf", fx.target_bytes, fx.layout, fx.data_start, "raw-target",
                       lambda p: fx.base_argv(model=p))
     pool += raw_cases(fx, rng, max(15, n // 10), "d.gguf", fx.dg_bytes, fx.dg_layout, fx.dg_data_start, "raw-drafter",
@@ -790,10 +844,12 @@ def classify(case: Case, res: dict, baseline: str) -> tuple[str, str]:
     return "bad-exit", f"exit {rc}: {err.strip()[-200:]}"
 
 
-def run_cases(n: int, seed: int, workdir: str, log=None, limit_s: float = CASE_LIMIT_S):
-    """-> (results [(case, verdict, detail, seconds)], baseline stdout)."""
+def run_cases(n: int, seed: int, workdir: str, log=None, limit_s: float = CASE_LIMIT_S, groups=None):
+    """-> (results [(case, verdict, detail, seconds)], baseline stdout). groups: only these."""
     fx = Fixtures(os.path.join(workdir, "fixtures"))
     cases = all_cases(fx, n, seed)
+    if groups:
+        cases = [c for c in cases if c.group in groups]
     runner = Runner(limit_s=limit_s)
     try:
         base = runner.run({"id": "baseline", "argv": fx.base_argv()}, first=True)

@@ -72,7 +72,16 @@ def _load_dir(p: Path):
     cfg_path = p / "config.json"
     if not cfg_path.exists():
         raise MlxspecError(f"{p}: no config.json; pass an MLX/HF model directory or a .gguf file")
-    config = json.loads(cfg_path.read_text())
+    from .. import validate as V
+
+    config = V.read_json_object(cfg_path, "model config.json")
+    fix = "fix the model's config.json"
+    for key, hi in (("hidden_size", V.MAX_DIM), ("num_hidden_layers", V.MAX_LAYERS), ("intermediate_size", V.MAX_DIM),
+                    ("num_attention_heads", V.MAX_DIM), ("num_key_value_heads", V.MAX_DIM), ("head_dim", V.MAX_DIM),
+                    ("vocab_size", V.MAX_VOCAB), ("max_position_embeddings", V.MAX_CONTEXT)):
+        V.get_int(config, key, str(cfg_path), 1, hi, default=None, fix=fix)
+    V.get_float(config, "rms_norm_eps", str(cfg_path), 0, 1, default=None, lo_open=True, fix=fix)
+    V.get_float(config, "rope_theta", str(cfg_path), 0, 1e12, default=None, lo_open=True, fix=fix)
     mt = config.get("model_type")
     try:  # any architecture mlx-lm implements; Target then checks its caches can be rolled back
         from mlx_lm.utils import _get_classes
@@ -83,12 +92,18 @@ def _load_dir(p: Path):
                            f"has no implementation of it") from None
     if not list(p.glob("*.safetensors")):
         raise MlxspecError(f"{p}: no .safetensors weights found; convert the checkpoint to safetensors")
+    for st in sorted(p.glob("*.safetensors")):
+        V.check_safetensors(st)  # header, offsets and sizes, before mx.load trusts them
     try:
         model, config = load_model(p)
-    except (ValueError, FileNotFoundError) as e:
-        raise MlxspecError(f"{p}: cannot load weights: {str(e).splitlines()[0]}") from None
+    except (ValueError, FileNotFoundError, RuntimeError, OSError, TypeError, KeyError, AttributeError) as e:
+        # mlx-lm's own message, often several lines (one per parameter): kept short, on one line
+        why = " ".join(str(e).split())
+        raise MlxspecError(f"{p}: cannot load weights: {why[:300]}{'...' if len(why) > 300 else ''}; "
+                           "the directory's config.json and weights disagree") from None
     if not (p / "tokenizer.json").exists():
         raise MlxspecError(f"{p}: no tokenizer.json; copy the model's tokenizer files into the directory")
+    V.require_regular_file(p / "tokenizer.json", "tokenizer.json")
     tok = load_hf_tokenizer(p)
     return model, config, tok, []
 
