@@ -11,6 +11,7 @@ mlx-lm model can pass it straight in: `generate(mlx_lm_model, mlx_lm_tokenizer, 
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -98,6 +99,9 @@ def load(
     """
     from .loading.target import load_target
 
+    for name, v in (("model", model), ("draft", draft)):
+        if v is not None and not isinstance(v, (str, os.PathLike)):
+            raise MlxspecError(f"{name}={v!r}: pass a path (or a Hugging Face repo id) as a string, or None")
     target, tok = load_target(model)
     if draft == "auto":
         ship = shipped_drafter("dspark") if model is None else None

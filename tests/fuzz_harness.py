@@ -670,6 +670,9 @@ def api_cases(fx: Fixtures) -> list[Case]:
     for k, v in [("p_min", -0.5), ("p_min", 2.0), ("block_size", 0), ("num_draft_tokens", 0), ("spec_type", "x")]:
         cases.append(Case(f"api-load-{k}={v!r}", "api", f"load_speculator({k}={v!r})", expect="error",
                           api={"load": {k: v}}))
+    for kw in ({"model": 5}, {"model": ["x.gguf"]}, {"model": "/nonexistent.gguf"}, {"model": fx.target, "draft": 3}):
+        cases.append(Case(f"api-load-{sorted(kw.items())!r}"[:80], "api", f"load({kw!r})", expect="error",
+                          api={"loadfull": kw}))
     cases.append(Case("api-ok", "api", "stream_generate() baseline", expect="same", api={"kwargs": {}}))
     return cases
 
@@ -754,6 +757,9 @@ def _run_api(req, state, api, MlxspecError):
     target, tok = state["target"]
     a = req["api"]
     try:
+        if "loadfull" in a:
+            api.load(**a["loadfull"], log=io.StringIO())
+            return {"rc": 0}
         if "load" in a:
             kw = dict(a["load"])
             spec_type = kw.pop("spec_type", "auto")
