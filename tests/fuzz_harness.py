@@ -633,6 +633,19 @@ def flag_cases(fx: Fixtures) -> list[Case]:
     flag("context-maxtokens", ["--max-tokens", "100000"], "error")
     flag("context-1mb", [], "error", prompt="x" * (1 << 20), desc="1 MB prompt")
     flag("spec-type-bad", ["--spec-type", "eagle"], "error")
+    for extra in (["--steps", "0"], ["--block-size", "0"], ["--block-size", "100000"], ["--lr", "nan"], ["--lr", "-1"],
+                  ["--taps", "a,b"], ["--taps", "1,1"], ["--taps", "-3"], ["--tokens", "code=x"], ["--tokens", "code=0"],
+                  ["--seq-len", "1"], ["--prefix-len", "0"], ["--seqs-per-step", "0"], ["--seed", "-1"],
+                  ["--layers", "0"], ["--data-seconds", "-5"]):
+        cases.append(Case(f"train{'='.join(extra)}", "flags", "train " + " ".join(extra),
+                          ["train", "--model", T, "--out", "@OUT", *extra], expect="error",
+                          build=lambda d: {"@OUT": os.path.join(d, "run")}))
+    cases.append(Case("convert-non-empty", "files", "convert into a non-empty --out without --force",
+                      ["convert", "--model", T, "--out", "@OUT"], expect="error",
+                      build=lambda d: (open(os.path.join(d, "x"), "w").close(), {"@OUT": d})[1]))
+    cases.append(Case("convert-out-is-file", "files", "convert --out a file", ["convert", "--model", T, "--out", "@OUT"],
+                      expect="error", build=lambda d: (open(os.path.join(d, "x"), "w").close(),
+                                                       {"@OUT": os.path.join(d, "x")})[1]))
     cases.append(Case("fifo-model", "files", "a FIFO as --model", fx.base_argv(model="@FIFO"), expect="error",
                       build=lambda d: (os.mkfifo(os.path.join(d, "fifo.gguf")), {"@FIFO": os.path.join(d, "fifo.gguf")})[1]))
 
@@ -653,7 +666,6 @@ def flag_cases(fx: Fixtures) -> list[Case]:
                       expect="error"))
     cases.append(Case("model-is-dir", "files", "--model an empty directory", fx.base_argv(model="@DIR"), expect="error",
                       build=lambda d: (os.makedirs(os.path.join(d, "empty")), {"@DIR": os.path.join(d, "empty")})[1]))
-    del T
     return cases
 
 

@@ -65,8 +65,43 @@ def _parse_kv(s: str) -> dict:
         k, _, v = part.partition("=")
         if not v:
             raise MlxspecError(f"--tokens expects CATEGORY=N[,..], got {s!r}")
-        out[k.strip()] = int(v)
+        try:
+            out[k.strip()] = int(v)
+        except ValueError:
+            raise MlxspecError(f"--tokens expects CATEGORY=N[,..] with integer N, got {s!r}") from None
+        if out[k.strip()] < 1:
+            raise MlxspecError(f"--tokens {s!r}: every token budget must be >= 1")
     return out
+
+
+def check_train_args(a) -> None:
+    """Range-check the train flags before minutes of loading and data preparation."""
+    from ..validate import MAX_BLOCK, check_float_arg, check_int_arg
+
+    check_int_arg("--steps", a.steps, 1)
+    check_int_arg("--block-size", a.block_size, 1, MAX_BLOCK)
+    check_int_arg("--layers", a.layers, 1, 64)
+    check_int_arg("--intermediate-size", a.intermediate_size, 1, 1 << 20)
+    check_int_arg("--markov-rank", a.markov_rank, 0, 1 << 16)
+    check_int_arg("--draft-vocab", a.draft_vocab, 0)
+    check_int_arg("--seq-len", a.seq_len, 2)
+    check_int_arg("--prefix-len", a.prefix_len, 1, a.seq_len - 1)
+    check_int_arg("--seqs-per-step", a.seqs_per_step, 1)
+    check_int_arg("--anchors-per-seq", a.anchors_per_seq, 1)
+    check_int_arg("--warmup", a.warmup, 0)
+    check_int_arg("--seed", a.seed, 0)
+    check_int_arg("--data-batch", a.data_batch, 1)
+    check_int_arg("--eval-prompts", a.eval_prompts, 0)
+    check_int_arg("--max-windows", a.max_windows, 1, allow_none=True)
+    check_float_arg("--lr", a.lr, 0.0, 1.0, lo_open=True)
+    check_float_arg("--data-seconds", a.data_seconds, 0.0, lo_open=True, allow_none=True)
+    parts = [x.strip() for x in str(a.taps).split(",")]
+    if not all(x.lstrip("-").isdigit() for x in parts):
+        raise MlxspecError(f"--taps {a.taps!r}: pass comma-separated layer numbers, e.g. 1,8,15")
+    taps = [int(x) for x in parts]
+    if len(set(taps)) != len(taps) or min(taps) < 0:
+        raise MlxspecError(f"--taps {a.taps!r}: layer numbers must be distinct and >= 0")
+    _parse_kv(a.tokens)
 
 
 def cmd_train(a) -> int:
@@ -76,6 +111,7 @@ def cmd_train(a) -> int:
     from .export import export_all
     from .trainer import TrainConfig, train
 
+    check_train_args(a)
     check_blas()
     target, tok = load_target(a.model)
     taps = [int(x) for x in a.taps.split(",")]
