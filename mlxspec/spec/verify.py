@@ -53,10 +53,10 @@ def probs_from_logits(logits: mx.array, sp: SamplingParams) -> mx.array:
     return p
 
 
-def _nonfinite() -> Exception:
+def _nonfinite(who: str = "the target") -> Exception:
     from ..errors import MlxspecError
 
-    return MlxspecError("the target produced non-finite (NaN/Inf) logits or probabilities; its weights are "
+    return MlxspecError(f"{who} produced non-finite (NaN/Inf) logits or probabilities; its weights are "
                         "corrupt or overflow in this precision: re-download or re-convert the model")
 
 
@@ -113,7 +113,7 @@ def accept_sampled(
 def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
     c = np.cumsum(probs, dtype=np.float64)
     if not (np.isfinite(c[-1]) and c[-1] > 0) or (probs < 0).any():
-        raise _nonfinite()  # never emit a token (the last id) from NaN or all-zero probabilities
+        raise _nonfinite("the target or drafter")  # never a token (the last id) from NaN / all-zero probabilities
     return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(c) - 1))
 
 
