@@ -184,3 +184,18 @@ def test_dead_or_stopped_rank_gives_one_line_error(tmp_path, how):
             if p.poll() is None:
                 p.kill()
             p.wait()
+
+
+def test_cli_under_mlx_launch_prints_once_and_matches(tmp_path):
+    """`mlx.launch ... -- mlxspec generate`: rank 0 prints exactly what one process prints."""
+    d = write_tiny_target(tmp_path / "qwen3", "qwen3")
+    draft = tiny_drafter(tmp_path / "drafter")
+    mlxspec = str(Path(PY).parent / "mlxspec")
+    args = ["generate", "--model", d, "--draft", draft, "--prompt", "t11 t42 t7 t99 t123", "-n", "16",
+            "--verbose", "False"]
+    one = subprocess.run([mlxspec, *args], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = subprocess.run([LAUNCH, "--backend", "ring", "--hosts", "127.0.0.1", "-n", "2", "-p", str(free_port()),
+                          "--", mlxspec, *args, "--check"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert "error" not in two.stderr, two.stderr[-2000:]
+    assert one.stdout.strip() and two.stdout == one.stdout
