@@ -228,6 +228,17 @@ def test_rollback_spanning_several_forwards_and_one_token_steps(arch_target):
     target(mx.array([[12]]), cache)
     trim_cache(cache, 1)
     assert_caches_equal(cache, fresh)
+    # one-token steps writing into a full ring in place, the last two undone: the second-oldest
+    # row the last step overwrote is inside the window again and must come back
+    for t in (12, 13, 14, 15):
+        target(mx.array([[t]]), cache)
+    trim_cache(cache, 2)
+    for t in (12, 13):
+        target(mx.array([[t]]), fresh)
+    assert_caches_equal(cache, fresh)
+    la, _ = target(mx.array([[16]]), cache)
+    lb, _ = target(mx.array([[16]]), fresh)
+    np.testing.assert_allclose(np.array(la), np.array(lb), atol=1e-4)
 
 
 def test_unsupported_architecture_is_one_line():

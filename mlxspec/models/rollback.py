@@ -63,10 +63,10 @@ def _snap_rotating(c: RotatingKVCache, n: int):
     slot = None
     if n == 1 and c.keys is not None and c.keys.shape[2] == c.max_size:
         # a one-token update writes into this buffer in place: keep the slot it overwrites
+        # (copied, and evaluated in `begin` with the other layers' slots in one go: a lazy
+        # slice would keep the old buffer alive and make the in-place write copy all of it)
         s = c._idx if c._idx < c.max_size else c.keep
-        k, v = c.keys[..., s : s + 1, :] + 0, c.values[..., s : s + 1, :] + 0
-        mx.eval(k, v)
-        slot = (s, k, v)
+        slot = (s, c.keys[..., s : s + 1, :] + 0, c.values[..., s : s + 1, :] + 0)
     return (c.keys, c.values, c.offset, c._idx, slot)
 
 
@@ -119,11 +119,16 @@ class TargetCache(list):
     # -- called by Target.__call__ before a forward of n tokens ----------------------
     def begin(self, n: int) -> _Step:
         step = _Step(n)
+        slots = []
         for i, (c, k) in enumerate(zip(self, self.kinds)):
             if k == "rotating":
                 step.pre[i] = _snap_rotating(c, n)
+                if step.pre[i][4] is not None:
+                    slots += step.pre[i][4][1:]
             elif k == "arrays":
                 step.pre[i] = _snap_arrays(c)
+        if slots:
+            mx.eval(slots)
         self.log.append(step)
         if len(self.log) > MAX_LOG:
             del self.log[0]
