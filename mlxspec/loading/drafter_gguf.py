@@ -219,7 +219,7 @@ def read_gguf_drafter(path: str, target_vocab: int | None = None) -> RawDrafter:
                               lo_open=True),
     )
     th = m.special("target_hidden_size")
-    if th is not None and int(th) != H:
+    if th is not None and V.as_int(th, f"{arch}.target_hidden_size", path, 1, V.MAX_DIM) != H:
         raise MlxspecError(f"{path}: target_hidden_size {th} differs from the drafter width {H}; not supported")
 
     # block size: string or int; dflash default 16 (llama.cpp), legacy requires it (PrismML)
@@ -304,11 +304,12 @@ def read_gguf_drafter(path: str, target_vocab: int | None = None) -> RawDrafter:
     if log_snr:
         if lo is None or hi is None:
             raise MlxspecError(f"{path}: log-SNR conditioning is on but min_log_snr/max_log_snr are missing")
-        lo, hi = float(lo), float(hi)
+        lo = V.as_float(lo, f"{arch}.min_log_snr", path)
+        hi = V.as_float(hi, f"{arch}.max_log_snr", path)
         if not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
             raise MlxspecError(f"{path}: log-SNR bounds min {lo}, max {hi} must be finite with max > min")
-    lo = -9.0 if lo is None else float(lo)
-    hi = 9.0 if hi is None else float(hi)
+    lo = V.as_float(lo, f"{arch}.min_log_snr", path, default=-9.0)
+    hi = V.as_float(hi, f"{arch}.max_log_snr", path, default=9.0)
 
     # vocabulary
     draft_vocab = None
@@ -338,7 +339,7 @@ def read_gguf_drafter(path: str, target_vocab: int | None = None) -> RawDrafter:
         block_size=block,
         target_layer_ids=taps,
         mask_token_id=V.as_int(mask, "mask_token_id", path, 0, V.MAX_VOCAB),
-        vocab_size=int(vocab),
+        vocab_size=V.as_int(vocab, f"{arch}.vocab_size", path, 1, V.MAX_VOCAB),
         markov_rank=rank,
         markov_head_type="vanilla",
         confidence_head=conf,
