@@ -178,7 +178,9 @@ def test_smol_roundtrip(smol):
     assert ids and all(isinstance(i, int) for i in ids)
     assert smol.bos_token_id not in ids[:1] or smol.add_bos  # GGUF says add_bos_token = false
     assert smol.decode(ids) == "The capital of France is"
-    assert smol.build_seconds < 2.0, smol.build_seconds  # typically ~0.1 s
+    # ~1 s on this machine kind's 2 shared cores (load average ~14), 4.7 s seen with tests running
+    # alongside; the bound catches a pathological build, not noise
+    assert smol.build_seconds < 15.0, smol.build_seconds
 
 
 def test_smol_special_tokens(smol):
