@@ -36,10 +36,10 @@ def _range(lo, hi, lo_open=False, hi_open=False) -> str:
     if lo is None and hi is None:
         return ""
     if lo is None:
-        return f"{'<' if hi_open else '<='} {hi}"
+        return f" {'<' if hi_open else '<='} {hi}"
     if hi is None:
-        return f"{'>' if lo_open else '>='} {lo}"
-    return f"in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+        return f" {'>' if lo_open else '>='} {lo}"
+    return f" in {'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
 
 
 def _in_range(v, lo, hi, lo_open=False, hi_open=False) -> bool:
@@ -72,10 +72,10 @@ def get_int(d: dict, key: str, where: str, lo: int | None = 0, hi: int | None = 
     if integral_float and isinstance(v, float) and math.isfinite(v) and v == int(v):
         v = int(v)
     if not _is_int(v):
-        raise MlxspecError(f"{where}: {key} is {_show(v)} ({type(v).__name__}), expected an integer "
+        raise MlxspecError(f"{where}: {key} is {_show(v)} ({type(v).__name__}), expected an integer"
                            f"{_range(lo, hi)}; {fix}")
     if not _in_range(v, lo, hi):
-        raise MlxspecError(f"{where}: {key} is {v}, expected an integer {_range(lo, hi)}; {fix}")
+        raise MlxspecError(f"{where}: {key} is {v}, expected an integer{_range(lo, hi)}; {fix}")
     return v
 
 
@@ -91,11 +91,11 @@ def get_float(d: dict, key: str, where: str, lo: float | None = None, hi: float 
             raise MlxspecError(f"{where}: key {key} is missing; {fix}")
         return default
     if not _is_num(v):
-        raise MlxspecError(f"{where}: {key} is {_show(v)} ({type(v).__name__}), expected a number "
+        raise MlxspecError(f"{where}: {key} is {_show(v)} ({type(v).__name__}), expected a number"
                            f"{_range(lo, hi, lo_open, hi_open)}; {fix}")
     v = float(v)
     if not math.isfinite(v) or not _in_range(v, lo, hi, lo_open, hi_open):
-        raise MlxspecError(f"{where}: {key} is {v}, expected a finite number {_range(lo, hi, lo_open, hi_open)}; {fix}")
+        raise MlxspecError(f"{where}: {key} is {v}, expected a finite number{_range(lo, hi, lo_open, hi_open)}; {fix}")
     return v
 
 
@@ -143,7 +143,7 @@ def get_int_list(d: dict, key: str, where: str, lo: int | None = 0, hi: int | No
         if integral_float and isinstance(x, float) and math.isfinite(x) and x == int(x):
             x = int(x)
         if not _is_int(x) or not _in_range(x, lo, hi):
-            raise MlxspecError(f"{where}: {key} holds {_show(x)}, expected integers {_range(lo, hi)}; {fix}")
+            raise MlxspecError(f"{where}: {key} holds {_show(x)}, expected integers{_range(lo, hi)}; {fix}")
         out.append(x)
     if len(out) < min_len:
         raise MlxspecError(f"{where}: {key} has {len(out)} entries, expected at least {min_len}; {fix}")
@@ -160,7 +160,7 @@ def check_int_arg(name: str, v, lo: int | None = None, hi: int | None = None, al
     if v is None and allow_none:
         return None
     if not _is_int(v) or not _in_range(v, lo, hi):
-        raise MlxspecError(f"{name} {_show(v)} is out of range: pass an integer {_range(lo, hi)}")
+        raise MlxspecError(f"{name} {_show(v)} is out of range: pass an integer{_range(lo, hi)}")
     return v
 
 
@@ -170,7 +170,7 @@ def check_float_arg(name: str, v, lo: float | None = None, hi: float | None = No
     if v is None and allow_none:
         return None
     if not _is_num(v) or not math.isfinite(float(v)) or not _in_range(float(v), lo, hi, lo_open, hi_open):
-        raise MlxspecError(f"{name} {_show(v)} is out of range: pass a finite number {_range(lo, hi, lo_open, hi_open)}")
+        raise MlxspecError(f"{name} {_show(v)} is out of range: pass a finite number{_range(lo, hi, lo_open, hi_open)}")
     return float(v)
 
 

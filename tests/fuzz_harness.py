@@ -595,6 +595,68 @@ def hf_target_cases(fx: Fixtures, rng) -> list[Case]:
     return cases
 
 
+def rewrite_gguf(src: str, dst: str, set_keys: dict, drop=()) -> None:
+    """Copy a GGUF through gguf.GGUFReader -> GGUFWriter, setting {key: (vtype, value, subtype)}."""
+    import gguf
+
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, r.fields["general.architecture"].contents())
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture" or k in drop or k in set_keys:
+            continue
+        w.add_key_value(k, f.contents(), f.types[0], sub_type=f.types[1] if len(f.types) > 1 else None)
+    for k, (vt, v, sub) in set_keys.items():
+        w.add_key_value(k, v, gguf.GGUFValueType(vt), sub_type=None if sub is None else gguf.GGUFValueType(sub))
+    for t in r.tensors:
+        plain = t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16,
+                                  gguf.GGMLQuantizationType.I32)
+        w.add_tensor(t.name, np.array(t.data), raw_dtype=None if plain else t.tensor_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def gguf_drafter_cases(fx: Fixtures, rng) -> list[Case]:
+    cases = []
+
+    def variant(cid, desc, set_keys=None, drop=()):
+        def build(d):
+            p = os.path.join(d, "dr.gguf")
+            rewrite_gguf(fx.drafter_gguf, p, set_keys or {}, drop)
+            return {"@D": p}
+        cases.append(Case(cid, "gguf-drafter", desc, fx.base_argv(draft="@D"), build=build))
+
+    variant("dg-rewrite", "rewritten unchanged")
+    muts = {"dflash.block_size": [(U32, 0), (I32, -1), (U32, 10**6), (STR, "8"), (STR, "x"), (F32, 4.5)],
+            "dflash.target_layers": [(ARR, [0], I32), (ARR, [1, 1], I32), (ARR, [100], I32), (ARR, ["1"], STR),
+                                     (U32, 1), (ARR, [2], I32)],
+            "tokenizer.ggml.mask_token_id": [(U32, 10**9), (STR, "x"), (I32, -1)],
+            "dflash.attention.head_count": [(U32, 0), (U32, 3), (STR, "4")],
+            "dflash.attention.head_count_kv": [(U32, 0), (U32, 3)],
+            "dflash.embedding_length": [(U32, 0), (U32, 128), (ARR, [256], I32)],
+            "dflash.block_count": [(U32, 0), (U32, 2**31), (U32, 2)],
+            "dflash.vocab_size": [(U32, 0), (U32, 271), (STR, "x")],
+            "dflash.attention.layer_norm_rms_epsilon": [(F32, 0.0), (F32, -1.0), (F32, float("nan")), (STR, "x")],
+            "dflash.rope.freq_base": [(F32, 0.0), (F32, float("nan")), (F32, float("inf"))],
+            "dflash.markov_rank": [(I32, -1), (U32, 5), (U32, 0), (F32, 4.5)],
+            "dflash.sample_from_anchor": [(STR, "maybe"), (U32, 2)],
+            "dflash.log_snr_conditioning": [(BOOL, True), (STR, "yes please")],
+            "dflash.confidence_head": [(BOOL, False), (U32, 7)]}
+    for key, vals in muts.items():
+        for vt, v, *sub in vals:
+            variant(f"dg-{key}-{vt}-{v!r}"[:100], f"{key} = {v!r}", {key: (vt, v, sub[0] if sub else None)})
+    for key in ("dflash.block_count", "dflash.target_layers", "tokenizer.ggml.mask_token_id", "dflash.embedding_length",
+                "dflash.markov_rank", "dflash.sample_from_anchor"):
+        variant(f"dg-drop-{key}", f"drop {key}", drop=(key,))
+    for lo, hi in ((float("nan"), 9.0), (5.0, -5.0), ("x", 9.0)):
+        variant(f"dg-snr-{lo!r}-{hi!r}", f"log-SNR on, bounds {lo!r}..{hi!r}",
+                {"dflash.log_snr_conditioning": (BOOL, True, None),
+                 "dflash.min_log_snr": (STR if isinstance(lo, str) else F32, lo, None),
+                 "dflash.max_log_snr": (F32, hi, None)})
+    return cases
+
+
 def flag_cases(fx: Fixtures) -> list[Case]:
     cases = []
     T = fx.target
@@ -693,6 +755,7 @@ def all_cases(fx: Fixtures, n: int, seed: int) -> list[Case]:
     rng = np.random.default_rng(seed)
     fixed = flag_cases(fx) + api_cases(fx)
     pool = gguf_target_cases(fx, rng) + hf_drafter_cases(fx, rng) + hf_target_cases(fx, rng)
+    pool += gguf_drafter_cases(fx, rng)
     pool += raw_cases(fx, rng, max(40, n // 3), "t.gguf", fx.target_bytes, fx.layout, fx.data_start, "raw-target",
                       lambda p: fx.base_argv(model=p))
     pool += raw_cases(fx, rng, max(15, n // 10), "d.gguf", fx.dg_bytes, fx.dg_layout, fx.dg_data_start, "raw-drafter",
