@@ -756,9 +756,9 @@ def all_cases(fx: Fixtures, n: int, seed: int) -> list[Case]:
     fixed = flag_cases(fx) + api_cases(fx)
     pool = gguf_target_cases(fx, rng) + hf_drafter_cases(fx, rng) + hf_target_cases(fx, rng)
     pool += gguf_drafter_cases(fx, rng)
-    pool += raw_cases(fx, rng, max(40, n // 3), "t.gguf", fx.target_bytes, fx.layout, fx.data_start, "raw-target",
+    pool += raw_cases(fx, rng, max(40, n // 2), "t.gguf", fx.target_bytes, fx.layout, fx.data_start, "raw-target",
                       lambda p: fx.base_argv(model=p))
-    pool += raw_cases(fx, rng, max(15, n // 10), "d.gguf", fx.dg_bytes, fx.dg_layout, fx.dg_data_start, "raw-drafter",
+    pool += raw_cases(fx, rng, max(15, n // 5), "d.gguf", fx.dg_bytes, fx.dg_layout, fx.dg_data_start, "raw-drafter",
                       lambda p: fx.base_argv(draft=p))
     k = max(0, n - len(fixed))
     if k < len(pool):
