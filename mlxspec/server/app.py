@@ -211,7 +211,7 @@ class Server:
             raise APIError(400, "the JSON body must be an object", code="invalid_json")
         return data
 
-    def common(self, body: dict, prompt_ids_len_fn) -> dict:
+    def common(self, body: dict) -> dict:
         model = body.get("model", _MISSING)
         if model is _MISSING or model is None:
             raise APIError(400, "'model' is required", param="model", code="missing_required_parameter")
@@ -294,7 +294,7 @@ class Server:
     async def chat(self, request: Request):
         self.check_key(request)
         body = await self.read_json(request)
-        p = self.common(body, None)
+        p = self.common(body)
         msgs = parse_messages(body)
         tools = _get(body, "tools", list, None)
         tc = body.get("tool_choice")
@@ -318,7 +318,7 @@ class Server:
     async def completions(self, request: Request):
         self.check_key(request)
         body = await self.read_json(request)
-        p = self.common(body, None)
+        p = self.common(body)
         prompt = body.get("prompt", _MISSING)
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             prompt = prompt[0]

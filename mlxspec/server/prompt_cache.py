@@ -131,6 +131,8 @@ class PromptCache:
                 self.entries.move_to_end(key)
                 return False
         compact(cache)
+        if isinstance(getattr(cache, "log", None), list):
+            cache.log.clear()  # a Target cache's undo log: an entry is never rolled back past its state
         nb = cache_nbytes(cache) + (int(taps.nbytes) if taps is not None else 0)
         if nb > self.max_bytes:
             return False
