@@ -112,6 +112,8 @@ def test_policy_prefers_the_lookup_when_it_is_better_and_free():
         pol.observe("lookup", 4, 4)
         pol.observe("drafter", 4, 0, None, 0.5)
     assert pol.plan(8, lookup_len=4).source == "lookup"
+    # each n-gram match length keeps its own estimate: an unseen one starts at the prior
+    assert pol.plan(8, lookup_len=4, lookup_source="lookup3").source == "lookup3"
     assert pol.plan(8, lookup_len=0).source in ("none", "drafter")
 
 

@@ -82,11 +82,12 @@ class NgramDrafter:
     def accept(self, tokens, taps):
         self.index.extend(tokens)
 
-    def lookup(self, anchor: int, n: int) -> list[int]:
-        return self.index.propose(anchor, min(n, self.max_drafts))[0]
+    def lookup(self, anchor: int, n: int) -> tuple[list[int], int]:
+        """(proposed tokens, length of the n-gram that matched; 0 = no match)."""
+        return self.index.propose(anchor, min(n, self.max_drafts))
 
     def draft(self, anchor, n, sp, rng) -> DraftOutput:
-        toks = self.lookup(anchor, n)
+        toks = self.lookup(anchor, n)[0]
         probs = None if sp.greedy or not toks else one_hot_rows(toks, self.vocab_size)
         return DraftOutput(toks, probs, None)
 
@@ -118,8 +119,8 @@ class LookupBlockDrafter:
         self.block.accept(tokens, taps)
         self.index.extend(tokens)
 
-    def lookup(self, anchor: int, n: int) -> list[int]:
-        return self.index.propose(anchor, min(n, self.max_drafts))[0]
+    def lookup(self, anchor: int, n: int) -> tuple[list[int], int]:
+        return self.index.propose(anchor, min(n, self.max_drafts))
 
     def draft(self, anchor, n, sp, rng) -> DraftOutput:
         return self.block.draft(anchor, n, sp, rng)

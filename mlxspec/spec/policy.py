@@ -115,7 +115,7 @@ class Calibration:
 
 @dataclass
 class Plan:
-    source: str  # "none" | "lookup" | "drafter"
+    source: str  # "none" | "lookup<n>" (the n-gram match length) | "drafter"
     n: int  # drafts to ask for (0 = autoregressive step)
     probe: bool = False
 
@@ -159,17 +159,20 @@ class VerifyPolicy:
             self.est[source] = AcceptanceEstimate(self.max_drafts)
         return self.est[source]
 
-    def plan(self, n_cap: int, lookup_len: int = 0, has_drafter: bool = True) -> Plan:
-        """Before drafting: autoregressive, the free lookup proposal, or the drafter."""
+    def plan(self, n_cap: int, lookup_len: int = 0, has_drafter: bool = True, lookup_source: str = "lookup") -> Plan:
+        """Before drafting: autoregressive, the free lookup proposal, or the drafter.
+
+        lookup_source names the lookup's estimate: its acceptance depends on the length of
+        the n-gram that matched, so each match length keeps its own ("lookup3", ...)."""
         n_cap = min(n_cap, self.max_drafts)
         if n_cap <= 0:
             return Plan("none", 0)
         best = Plan("none", 0)
         best_rate = 1.0 / self.verify_time[0]
         if lookup_len > 0:
-            l, r = best_length(self.estimate("lookup").p(), self.verify_time, 0.0, min(lookup_len, n_cap))
+            l, r = best_length(self.estimate(lookup_source).p(), self.verify_time, 0.0, min(lookup_len, n_cap))
             if l > 0 and r > best_rate:
-                best, best_rate = Plan("lookup", l), r
+                best, best_rate = Plan(lookup_source, l), r
         if has_drafter:
             dt = self.draft_time.get("drafter", 0.0)
             l, r = best_length(self.estimate("drafter").p(), self.verify_time, dt, n_cap)
