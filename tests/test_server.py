@@ -310,6 +310,10 @@ def test_bad_input(server):
         (P, {**ok, "stop": 3}, 400, "invalid_type"),
         (P, {**ok, "stream": "yes"}, 400, "invalid_type"),
         (P, {**ok, "seed": 1.5}, 400, "invalid_type"),
+        (P, {**ok, "seed": -1}, 400, "invalid_value"),
+        (P, '{"model": ' + "[" * 50_000 + "]" * 50_000 + "}", 413, "body_too_large"),
+        (P, "[" * 20_000 + "]" * 20_000, 400, "invalid_json"),
+        (P, json.dumps(ok)[:-1] + ', "temperature": NaN}', 400, "invalid_type"),
         (P, {**ok, "logprobs": True}, 400, "unsupported_parameter"),
         (P, "x" * 70_000, 413, "body_too_large"),
         ("/v1/completions", {"model": m, "prompt": ""}, 400, "invalid_value"),
@@ -348,6 +352,7 @@ def test_api_key(server):
 
 
 def test_metrics(server):
+    _chat(_client(server), server["model"], "Name a fruit.", max_tokens=2)
     st, h, body = _raw(server["port"], "GET", "/metrics")
     assert st == 200 and h["content-type"].startswith("text/plain")
     for name in ("mlxspec_requests_total", "mlxspec_completion_tokens_total", "mlxspec_acceptance_rate",
@@ -355,7 +360,7 @@ def test_metrics(server):
                  "mlxspec_prompt_cache_bytes"):
         assert re.search(rf"^{name}\b", body, re.M), name
     count = int(re.search(r"^mlxspec_time_to_first_token_seconds_count (\d+)", body, re.M).group(1))
-    assert count >= 10
+    assert count >= 1
 
 
 def test_sigterm_mid_stream_exits_0(server):

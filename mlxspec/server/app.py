@@ -207,6 +207,8 @@ class Server:
             data = json.loads(body)
         except (ValueError, UnicodeDecodeError) as e:
             raise APIError(400, f"malformed JSON body: {e}", code="invalid_json") from None
+        except RecursionError:
+            raise APIError(400, "malformed JSON body: nested too deeply", code="invalid_json") from None
         if not isinstance(data, dict):
             raise APIError(400, "the JSON body must be an object", code="invalid_json")
         return data
@@ -251,7 +253,7 @@ class Server:
             temp=float(_get(body, "temperature", float, a.temp, lo=0.0, hi=2.0)),
             top_p=float(_get(body, "top_p", float, a.top_p, lo=0.0, hi=1.0, lo_open=True)),
             top_k=_get(body, "top_k", int, a.top_k, lo=0),
-            seed=_get(body, "seed", int, a.seed),
+            seed=_get(body, "seed", int, a.seed, lo=0),
             stop=stop,
             stream=_get(body, "stream", bool, False),
             include_usage=bool(_get(so, "include_usage", bool, False)),
