@@ -21,6 +21,11 @@ FAMILIES = {
     "qwen3": dict(model_type="qwen3", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
                   num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
                   vocab_size=VOCAB, rope_theta=10000.0, tie_word_embeddings=False, max_position_embeddings=512),
+    "qwen3_moe": dict(model_type="qwen3_moe", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-6,
+                      vocab_size=VOCAB, rope_theta=10000.0, tie_word_embeddings=False, max_position_embeddings=512,
+                      num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, mlp_only_layers=[0],
+                      moe_intermediate_size=32, norm_topk_prob=True),
     # mlx-lm runs mistral with its llama classes; sliding-window layers (rotating caches) included
     "mistral": dict(model_type="mistral", hidden_size=64, num_hidden_layers=4, intermediate_size=128,
                     num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=VOCAB,

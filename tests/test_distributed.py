@@ -40,11 +40,12 @@ TINY_CASES = [
     {"prompt": PROMPT, "max_tokens": 20, "temp": 0.0},
     {"prompt": PROMPT, "max_tokens": 20, "temp": 0.8, "top_p": 0.95, "seed": 3},
 ]
-# (run id, family, dist mode): one tensor-parallel run per family mlxspec loads from a model
-# directory (llama, qwen2, qwen3, mistral: mlx-lm shards all of them; mistral with sliding-window
-# layers), plus pipeline parallel forced on two of them.
+# (run id, family, dist mode): one tensor-parallel run per family tested here (llama, qwen2,
+# qwen3, mistral with sliding-window layers, qwen3_moe: mlx-lm shards all of them), plus
+# pipeline parallel forced on two of them.
 TINY_RUNS = [("llama-tensor", "llama", "auto"), ("qwen2-tensor", "qwen2", "auto"),
              ("qwen3-tensor", "qwen3", "auto"), ("mistral-tensor", "mistral", "auto"),
+             ("qwen3_moe-tensor", "qwen3_moe", "auto"),
              ("llama-pipeline", "llama", "pipeline"), ("qwen3-pipeline", "qwen3", "pipeline")]
 
 
@@ -199,3 +200,17 @@ def test_cli_under_mlx_launch_prints_once_and_matches(tmp_path):
                           "--", mlxspec, *args, "--check"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert "error" not in two.stderr, two.stderr[-2000:]
     assert one.stdout.strip() and two.stdout == one.stdout
+
+
+def test_recurrent_target_is_refused_in_one_line(tmp_path):
+    """qwen3_5 (Gated DeltaNet caches, rolled back by replaying layers): refused on every rank."""
+    from tiny_targets import write_tiny_dir
+
+    _, d = write_tiny_dir(tmp_path / "qwen3_5", "qwen3_5")
+    jp = tmp_path / "job.json"
+    jp.write_text(json.dumps({"runs": [{"model": d, "draft": None, "timeout": 60, "cases": []}]}))
+    r = subprocess.run([LAUNCH, "--backend", "ring", "--hosts", "127.0.0.1", "-n", "2", "-p", str(free_port()),
+                        "--", PY, WORKER, str(jp)], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    errs = [ln for ln in r.stderr.splitlines() if ln.startswith("mlxspec: error")]
+    assert errs and all("caches are not supported across ranks" in e for e in errs), r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and "RESULT" not in r.stdout
