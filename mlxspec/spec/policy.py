@@ -75,7 +75,7 @@ class AcceptanceEstimate:
 
     size: int
     decay: float = 0.9
-    prior_mean: float = 0.5
+    prior_mean: float = 0.3  # optimistic enough to try a new drafter, cheap to unlearn
     prior_weight: float = 2.0
     tried: np.ndarray = field(init=False)
     hit: np.ndarray = field(init=False)
@@ -92,7 +92,13 @@ class AcceptanceEstimate:
         self.hit[: min(accepted, self.size)] += 1.0
 
     def p(self) -> np.ndarray:
-        return (self.hit + self.prior_mean * self.prior_weight) / (self.tried + self.prior_weight)
+        """Posterior means; position i's prior is position i-1's estimate (position 1's is
+        prior_mean), so a drafter that is right early is trusted with longer drafts quickly."""
+        out = np.empty(self.size)
+        prior = self.prior_mean
+        for i in range(self.size):
+            out[i] = prior = (self.hit[i] + prior * self.prior_weight) / (self.tried[i] + self.prior_weight)
+        return out
 
 
 @dataclass
