@@ -11,6 +11,7 @@ import math
 import numbers
 import os
 import stat
+
 from .errors import MlxspecError
 
 _MISSING = object()
@@ -249,21 +250,16 @@ def is_power_of_two(n: int) -> bool:
 
 def check_finite_weights(arrays: dict, where: str) -> None:
     """Refuse NaN / Inf in floating-point weights (they make every probability NaN)."""
+    import mlx.core as mx
     import numpy as np
 
     for name, a in arrays.items():
-        dt = getattr(a, "dtype", None)
-        try:
-            import mlx.core as mx
-
-            if isinstance(a, mx.array):
-                if mx.issubdtype(a.dtype, mx.floating) and not bool(mx.all(mx.isfinite(a)).item()):
-                    raise MlxspecError(f"{where}: tensor {name} holds NaN or Inf values; the weights are corrupt, re-export them")
-                continue
-        except ImportError:
-            pass
-        arr = np.asarray(a)
-        if dt is not None and np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
+        if isinstance(a, mx.array):
+            ok = not mx.issubdtype(a.dtype, mx.floating) or bool(mx.all(mx.isfinite(a)).item())
+        else:
+            arr = np.asarray(a)
+            ok = not np.issubdtype(arr.dtype, np.floating) or bool(np.isfinite(arr).all())
+        if not ok:
             raise MlxspecError(f"{where}: tensor {name} holds NaN or Inf values; the weights are corrupt, re-export them")
 
 

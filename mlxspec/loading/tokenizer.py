@@ -849,6 +849,8 @@ def load_gguf_tokenizer(metadata: dict) -> Tokenizer:
         raise MlxspecError(
             f"tokenizer.ggml.model '{model}' is not supported ({why}); supported: {', '.join(SUPPORTED_MODELS)}"
         )
+    if not isinstance(md.get("tokenizer.ggml.tokens", []), (list, tuple, np.ndarray)):
+        raise MlxspecError("tokenizer.ggml.tokens is not a list of strings; the file is corrupt")
     tokens = _as_list(md.get("tokenizer.ggml.tokens"))
     if not tokens:
         raise MlxspecError("the GGUF metadata has no token list (tokenizer.ggml.tokens)")
