@@ -87,7 +87,7 @@ def test_policy_goes_autoregressive_and_probes_with_back_off():
     plans = [pol.plan(8) for _ in range(16)]
     probes = [p for p in plans if p.source == "drafter"]
     assert all(p.probe for p in probes) and 1 <= len(probes) <= 3
-    assert pol.probe_every == 8
+    assert pol.probe_interval("drafter") == 8
     # a probe verifies at least one draft
     pol.last_probe = True
     assert pol.truncate("drafter", 8, None, True) >= 1

@@ -129,16 +129,20 @@ class Plan:
 class VerifyPolicy:
     """The adaptive policy the engine consults every step (state per request)."""
 
-    def __init__(self, verify_time: Sequence[float], max_drafts: int, probe_every: int = 4, max_probe_every: int = 64):
+    def __init__(self, verify_time: Sequence[float], max_drafts: int, probe_every: int = 4, max_probe_every: int = 64,
+                 decay: float = 0.95):
         vt = np.maximum.accumulate(np.asarray(verify_time, dtype=np.float64))  # cost never falls with length
         self.base_verify_time = [float(x) for x in vt]
         self.verify_scale: float | None = None  # observed / profiled verify time (machine load now)
         self.max_drafts = min(max_drafts, len(self.verify_time) - 1)
+        self.decay = decay
         self.est: dict[str, AcceptanceEstimate] = {}
         self.calib: dict[str, Calibration] = {}
         self.draft_time: dict[str, float] = {}
+        # exploration, per source: steps since it was last verified, and the current interval
         self.probe_base, self.max_probe_every = probe_every, max_probe_every
-        self.probe_every, self.since_draft = probe_every, 0
+        self.interval: dict[str, int] = {}
+        self.waited: dict[str, int] = {}
         self.last_probe = False
 
     @property
@@ -162,41 +166,52 @@ class VerifyPolicy:
 
     def estimate(self, source: str) -> AcceptanceEstimate:
         if source not in self.est:
-            self.est[source] = AcceptanceEstimate(self.max_drafts)
+            self.est[source] = AcceptanceEstimate(self.max_drafts, decay=self.decay)
         return self.est[source]
+
+    def probe_interval(self, source: str) -> int:
+        return self.interval.get(source, self.probe_base)
 
     def plan(self, n_cap: int, lookup_len: int = 0, has_drafter: bool = True, lookup_source: str = "lookup") -> Plan:
         """Before drafting: autoregressive, the free lookup proposal, or the drafter.
 
         lookup_source names the lookup's estimate: its acceptance depends on the length of
-        the n-gram that matched, so each match length keeps its own ("lookup3", ...)."""
+        the n-gram that matched, so each match length keeps its own ("lookup3", ...). A
+        source that keeps losing is still verified now and then (a probe, spaced out further
+        after each failed one) so that its estimate can recover."""
         n_cap = min(n_cap, self.max_drafts)
         if n_cap <= 0:
             return Plan("none", 0)
-        best = Plan("none", 0)
-        best_rate = 1.0 / self.verify_time[0]
+        options = []  # (rate, plan) for every source available this step
         if lookup_len > 0:
             l, r = best_length(self.estimate(lookup_source).p(), self.verify_time, 0.0, min(lookup_len, n_cap))
-            if l > 0 and r > best_rate:
-                best, best_rate = Plan(lookup_source, l), r
+            options.append((r if l > 0 else 0.0, Plan(lookup_source, l), min(lookup_len, n_cap)))
         if has_drafter:
             dt = self.draft_time.get("drafter", 0.0)
             l, r = best_length(self.estimate("drafter").p(), self.verify_time, dt, n_cap)
-            if l > 0 and r > best_rate:
-                best, best_rate = Plan("drafter", n_cap), r
-            elif best.source == "none":
-                self.since_draft += 1
-                if self.since_draft >= self.probe_every:
-                    best = Plan("drafter", n_cap, probe=True)
-        if best.source != "none":
-            self.since_draft = 0
+            options.append((r if l > 0 else 0.0, Plan("drafter", n_cap), n_cap))
+        best, best_rate = Plan("none", 0), 1.0 / self.verify_time[0]
+        for r, plan, _ in options:
+            if r > best_rate:
+                best, best_rate = plan, r
+        for _, plan, full in options:  # the others wait; the longest-waiting due one is probed
+            if plan.source == best.source:
+                self.waited[plan.source] = 0
+                continue
+            self.waited[plan.source] = self.waited.get(plan.source, 0) + 1
+            if best.source == "none" and self.waited[plan.source] >= self.probe_interval(plan.source):
+                best = Plan(plan.source, full, probe=True)
+                self.waited[plan.source] = 0
         self.last_probe = best.probe
         return best
 
     def truncate(self, source: str, n: int, confidence: Sequence[float] | None, greedy: bool) -> int:
-        """After drafting: how many of the n drafts to verify (a probe verifies at least one)."""
+        """After drafting: how many of the n drafts to verify (a probe verifies at least one;
+        a lookup probe all of them: its drafts cost nothing and longer ones teach more)."""
         if n <= 0:
             return 0
+        if self.last_probe and source != "drafter":
+            return n
         prior = list(self.estimate(source).p()[:n])
         dt = 0.0  # the draft is already paid for
         if confidence is not None and len(confidence) >= n:
@@ -217,4 +232,5 @@ class VerifyPolicy:
             old = self.draft_time.get("drafter")
             self.draft_time["drafter"] = draft_seconds if old is None else 0.8 * old + 0.2 * draft_seconds
         if self.last_probe:
-            self.probe_every = self.probe_base if accepted > 0 else min(2 * self.probe_every, self.max_probe_every)
+            cur = self.probe_interval(source)
+            self.interval[source] = self.probe_base if accepted > 0 else min(2 * cur, self.max_probe_every)
