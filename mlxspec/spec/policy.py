@@ -77,6 +77,10 @@ class AcceptanceEstimate:
     decay: float = 0.9
     prior_mean: float = 0.3  # optimistic enough to try a new drafter, cheap to unlearn
     prior_weight: float = 2.0
+    # prior of positions >= 2 (conditional on the previous draft accepted); None = the previous
+    # position's estimate. A lookup copies a span: once its first token is right, the next
+    # ones usually are (measured on held-out code: 0.75-0.95 conditional acceptance)
+    continuation_prior: float | None = None
     tried: np.ndarray = field(init=False)
     hit: np.ndarray = field(init=False)
 
@@ -98,6 +102,8 @@ class AcceptanceEstimate:
         prior = self.prior_mean
         for i in range(self.size):
             out[i] = prior = (self.hit[i] + prior * self.prior_weight) / (self.tried[i] + self.prior_weight)
+            if self.continuation_prior is not None:
+                prior = self.continuation_prior
         return out
 
 
@@ -166,7 +172,11 @@ class VerifyPolicy:
 
     def estimate(self, source: str) -> AcceptanceEstimate:
         if source not in self.est:
-            self.est[source] = AcceptanceEstimate(self.max_drafts, decay=self.decay)
+            if source.startswith("lookup"):
+                self.est[source] = AcceptanceEstimate(self.max_drafts, decay=self.decay, prior_mean=0.5,
+                                                      continuation_prior=0.8)
+            else:
+                self.est[source] = AcceptanceEstimate(self.max_drafts, decay=self.decay)
         return self.est[source]
 
     def probe_interval(self, source: str) -> int:
