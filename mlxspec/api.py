@@ -89,9 +89,12 @@ def load(
     log=sys.stderr,
     *,
     policy: str | None = None,
-    ngram: bool = False,
+    ngram: bool = True,
 ):
     """-> (target, tokenizer, speculator).
+
+    policy / ngram: as `mlxspec generate`'s --verify-policy / --ngram (on by default: prompt
+    lookup beside a block drafter, used when the adaptive policy finds that it pays).
 
     model: .gguf file or MLX/HF dir; None = the default SmolLM2-135M-Instruct.
     draft: a drafter path (dir or .gguf), "auto" (the shipped drafter when the default

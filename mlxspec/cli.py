@@ -34,8 +34,9 @@ def _add_model_args(p):
                    help="adaptive (default): verify length chosen per step from the measured verify cost and this "
                         "request's acceptance, down to plain autoregressive steps; fixed: always the full block "
                         "(the default when --block-size / --num-draft-tokens / --schedule pin the length)")
-    p.add_argument("--ngram", action="store_true",
-                   help="block drafters: also propose prompt-lookup (n-gram) continuations; the policy picks per step")
+    p.add_argument("--ngram", action=argparse.BooleanOptionalAction, default=True,
+                   help="block drafters: also propose prompt-lookup (n-gram) continuations, the adaptive policy "
+                        "picks per step (default on; --no-ngram turns it off)")
 
 
 def _add_sampling_args(p):

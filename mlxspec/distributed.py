@@ -500,7 +500,8 @@ def cmd_generate(a) -> int:
     draft = None if a.draft in (None, "none") or a.spec_type == "none" else a.draft
     devnull = open(os.devnull, "w")
     # flags other issues add to `generate` (verify policy, n-gram), passed on when given
-    kw = {k: getattr(a, f) for k, f in (("policy", "verify_policy"), ("ngram", "ngram")) if getattr(a, f, None)}
+    kw = {k: getattr(a, f) for k, f in (("policy", "verify_policy"), ("ngram", "ngram"))
+          if getattr(a, f, None) is not None}
     target, tok, spec = load(a.model, draft, a.spec_type, a.block_size, a.num_draft_tokens, a.p_min, a.schedule,
                              a.dist_mode, a.check, a.dist_timeout, log=sys.stderr if rank == 0 else devnull, **kw)
     if target.rank != 0:

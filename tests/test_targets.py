@@ -117,11 +117,8 @@ def test_taps_and_logits_from_the_models_own_forward(arch_target):
     assert list(inner.layers) == layers  # the hooks are gone
 
 
-@pytest.mark.parametrize("mode", ["replay", "capture"])
-def test_greedy_speculative_equals_autoregressive(arch_target, mode):
+def test_greedy_speculative_equals_autoregressive(arch_target, mode="replay"):
     arch, target = arch_target
-    if mode == "capture" and arch != "qwen3_5":
-        pytest.skip("capture applies to recurrent layers only")
     ar = run(target, PROMPT)
     n = 5
     drafter = OracleDrafter(PROMPT + ar, 64, n, taps=(0, 2))
@@ -176,15 +173,12 @@ def assert_caches_equal(a, b):
             np.testing.assert_allclose(np.array(x), np.array(y), atol=1e-4, err_msg=f"layer {i}")
 
 
-@pytest.mark.parametrize("mode", ["replay", "capture"])
-def test_rollback_at_every_block_position_equals_fresh_prefill(arch_target, mode):
+def test_rollback_at_every_block_position_equals_fresh_prefill(arch_target, mode="replay"):
     """Prefill, verify a block longer than the sliding window (it wraps), reject after each
     position in turn: the rolled-back cache equals a fresh prefill of the kept tokens, and
     the next forwards give the same logits (one-token steps first: a merely trimmed ring
     would leave the rejected rows in the window those steps write into)."""
     arch, target = arch_target
-    if mode == "capture" and arch != "qwen3_5":
-        pytest.skip("capture applies to recurrent layers only")
     block = [13, 1, 22, 40, 17, 6]
     assert len(block) > WINDOW
     nxt = [mx.array([[30]]), mx.array([[31]]), mx.array([[32, 33, 34]])]
@@ -359,3 +353,13 @@ def test_deepcopy_keeps_the_caches_and_drops_the_log(arch_target):
         fresh = target.make_cache()
         target(mx.array([PROMPT[:2]]), fresh)
         assert_caches_equal(cp, fresh)
+
+
+# per-token state capture, the other rollback of recurrent layers (only qwen3_5 has them)
+
+def test_greedy_speculative_equals_autoregressive_with_capture():
+    test_greedy_speculative_equals_autoregressive(("qwen3_5", tiny_target("qwen3_5")), "capture")
+
+
+def test_rollback_with_capture_equals_fresh_prefill():
+    test_rollback_at_every_block_position_equals_fresh_prefill(("qwen3_5", tiny_target("qwen3_5")), "capture")
