@@ -192,9 +192,9 @@ def generate_steps(
         source, d, conf = "drafter", None, None
         if policy is not None and n > 0:
             # the policy picks from history only: autoregressive, the free lookup, or the drafter
-            lookup = drafter.lookup(anchor, n)[0] if hasattr(drafter, "lookup") else []
+            lookup, match_n = drafter.lookup(anchor, n) if hasattr(drafter, "lookup") else ([], 0)
             plan = policy.plan(n, len(lookup), has_drafter=not isinstance(drafter, NgramDrafter),
-                               lookup_source="lookup")
+                               lookup_source=f"lookup{match_n}")
             source, n = plan.source, plan.n
             if source.startswith("lookup"):
                 d = DraftOutput(lookup[:n], None if sampling.greedy else one_hot_rows(lookup[:n], target.info.vocab_size), None)

@@ -171,13 +171,19 @@ class VerifyPolicy:
         return cls(vt, max_drafts, **kw)
 
     def estimate(self, source: str) -> AcceptanceEstimate:
+        """The running estimate of a source. Lookups keep one per n-gram match length
+        ("lookup3": a 4-gram match is far more reliable than a 2-gram one on code, not on
+        chat), each shrunk towards the pooled "lookup" estimate while it has little data."""
         if source not in self.est:
             if source.startswith("lookup"):
                 self.est[source] = AcceptanceEstimate(self.max_drafts, decay=self.decay, prior_mean=0.5,
                                                       continuation_prior=0.8)
             else:
                 self.est[source] = AcceptanceEstimate(self.max_drafts, decay=self.decay)
-        return self.est[source]
+        e = self.est[source]
+        if source.startswith("lookup") and source != "lookup":
+            e.prior_mean = float(self.estimate("lookup").p()[0])
+        return e
 
     def probe_interval(self, source: str) -> int:
         return self.interval.get(source, self.probe_base)
@@ -236,11 +242,16 @@ class VerifyPolicy:
                 draft_seconds: float | None = None) -> None:
         if verified > 0:
             self.estimate(source).observe(verified, accepted)
+            if source.startswith("lookup") and source != "lookup":
+                self.estimate("lookup").observe(verified, accepted)  # the pooled estimate
             if confidence is not None:
                 self.calib.setdefault(source, Calibration()).observe(confidence, verified, accepted)
         if draft_seconds is not None and source == "drafter":
             old = self.draft_time.get("drafter")
             self.draft_time["drafter"] = draft_seconds if old is None else 0.8 * old + 0.2 * draft_seconds
         if self.last_probe:
+            # back to frequent probes only once the estimate says this source pays again
+            dt = self.draft_time.get("drafter", 0.0) if source == "drafter" else 0.0
+            pays = best_length(self.estimate(source).p(), self.verify_time, dt, self.max_drafts)[0] > 0
             cur = self.probe_interval(source)
-            self.interval[source] = self.probe_base if accepted > 0 else min(2 * cur, self.max_probe_every)
+            self.interval[source] = self.probe_base if pays else min(2 * cur, self.max_probe_every)
