@@ -66,7 +66,8 @@ def main():
             continue
         tc = replace(base, **configs[name])
         t0 = time.time()
-        model, cfg, info = train(target, a.data, str(out / f"run{names.index(name)}"), tc, resume=False)
+        run_dir = out / f"run{list(configs).index(name)}-w{a.max_windows}-s{a.steps}"
+        model, cfg, info = train(target, a.data, str(run_dir), tc, resume=False, force=True)
         train_s = time.time() - t0
         row = {"config": name, "changes": configs[name], "steps": a.steps, "max_windows": a.max_windows,
                "train_seconds": train_s, "final_loss": info["history"][-1]["loss"],
