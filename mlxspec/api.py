@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 

@@ -108,27 +108,30 @@ def check_blas(stream=sys.stderr) -> None:
         print(f"mlxspec: warning: {msg}", file=stream)
 
 
-def cmd_generate(a) -> int:
-    from . import api
-
-    check_blas()
+def check_generate_args(a) -> None:
+    """`generate`'s flags, checked before minutes of loading (every rank under mlx.launch)."""
     if a.prompt is None:
         raise MlxspecError("no prompt: pass --prompt TEXT (or --prompt - to read stdin)")
     from .validate import check_sampling_args, check_spec_args
 
-    check_sampling_args(a.max_tokens, a.temp, a.top_p, a.top_k, a.seed)  # before minutes of loading
+    check_sampling_args(a.max_tokens, a.temp, a.top_p, a.top_k, a.seed)
     check_spec_args(a.block_size, a.num_draft_tokens, a.p_min)
     if a.system_prompt is not None and a.ignore_chat_template:
         raise MlxspecError("--system-prompt needs the chat template; drop --ignore-chat-template "
                            "or put the system text into --prompt")
+
+
+def read_prompt(a) -> str:
+    """--prompt TEXT, or stdin with --prompt -; never empty."""
     prompt = read_stdin_prompt() if a.prompt == "-" else a.prompt
     if not prompt.strip():
         raise MlxspecError("the prompt is empty; pass some text with --prompt (or on stdin with --prompt -)")
-    draft = None if a.draft in (None, "none") else a.draft
-    if a.spec_type == "none":
-        draft = None
-    target, tok, spec = api.load(a.model, draft, a.spec_type, a.block_size, a.num_draft_tokens, a.p_min, a.schedule,
-                                 policy=a.verify_policy, ngram=a.ngram)
+    return prompt
+
+
+def prompt_ids(a, tok, prompt: str) -> list[int]:
+    """The prompt's token ids: through the chat template (with --system-prompt) unless
+    --ignore-chat-template or the model has none."""
     if a.system_prompt is not None and not tok.has_chat_template:
         raise MlxspecError("--system-prompt needs a chat template and this model has none; "
                            "put the system text into --prompt")
@@ -137,9 +140,14 @@ def cmd_generate(a) -> int:
             {"role": "user", "content": prompt}
         ]
         text = tok.apply_chat_template(msgs, add_generation_prompt=True)
-        ids = tok.encode(text, add_special_tokens=False)
-    else:
-        ids = tok.encode(prompt)
+        return tok.encode(text, add_special_tokens=False)
+    return tok.encode(prompt)
+
+
+def print_generation(target, tok, ids, spec, a):
+    """Stream the text to stdout, then the footer (--verbose); -> the last response."""
+    from . import api
+
     last = None
     for r in api.stream_generate(target, tok, ids, spec, a.max_tokens, a.temp, a.top_p, a.top_k, a.seed, a.stop):
         print(r.text, end="", flush=True)
@@ -147,6 +155,21 @@ def cmd_generate(a) -> int:
     print()
     if a.verbose and last is not None:
         print(api.footer(last))
+    return last
+
+
+def cmd_generate(a) -> int:
+    from . import api
+
+    check_blas()
+    check_generate_args(a)
+    prompt = read_prompt(a)
+    draft = None if a.draft in (None, "none") else a.draft
+    if a.spec_type == "none":
+        draft = None
+    target, tok, spec = api.load(a.model, draft, a.spec_type, a.block_size, a.num_draft_tokens, a.p_min, a.schedule,
+                                 policy=a.verify_policy, ngram=a.ngram)
+    print_generation(target, tok, prompt_ids(a, tok, prompt), spec, a)
     return 0
 
 

@@ -365,7 +365,7 @@ class DistTarget(Target):
         inner = self.model.model
         r, n = self.rank, self.size
         a, b = self.stages[r]
-        L, H = tokens.shape[1], self.info.hidden_size
+        L = tokens.shape[1]
         st = self.stages
         # taps carried along from stages 1..r-1, stage by stage (within a stage in request order)
         prev_taps = [t for s in range(1, r) for t in taps if st[s][0] <= t < st[s][1]]
@@ -373,13 +373,7 @@ class DistTarget(Target):
             h = inner.embed_tokens(tokens)
             carried = []
         else:
-            shape = (1, L, H * (1 + len(prev_taps)))
-            x = mx.distributed.recv(shape, mx.float32, r - 1, group=self.group)
-            tc = time.perf_counter()
-            self.wd.run(f"receiving activations from rank {r - 1}", lambda: mx.eval(x))
-            self.stats.comm_time += time.perf_counter() - tc
-            parts = mx.split(x, 1 + len(prev_taps), axis=-1)
-            h, carried = parts[0].astype(self.act_dtype), list(parts[1:])
+            h, carried = self._recv_stage(L, len(prev_taps), r - 1, f"receiving activations from rank {r - 1}")
         mask = create_attention_mask(h, cache[a])
         mine = {}
         for i in range(a, b):
@@ -392,14 +386,8 @@ class DistTarget(Target):
                 send = mx.distributed.send(h.astype(mx.float32), 1, group=self.group)
                 self.wd.run("sending activations to rank 1", lambda: mx.eval(send))
                 later = [t for s in range(1, n) for t in taps if st[s][0] <= t < st[s][1]]
-                shape = (1, L, H * (1 + len(later)))
-                back = mx.distributed.recv(shape, mx.float32, n - 1, group=self.group)
-                tc = time.perf_counter()
-                self.wd.run(f"receiving the last stage's output from rank {n - 1}", lambda: mx.eval(back))
-                self.stats.comm_time += time.perf_counter() - tc
-                parts = mx.split(back, 1 + len(later), axis=-1)
-                h = parts[0].astype(self.act_dtype)
-                local.update({t: p.astype(self.act_dtype) for t, p in zip(later, parts[1:])})
+                h, back = self._recv_stage(L, len(later), n - 1, f"receiving the last stage's output from rank {n - 1}")
+                local.update({t: p.astype(self.act_dtype) for t, p in zip(later, back)})
             tap_out = mx.concatenate([local[t] for t in taps], axis=-1) if taps else None
             if logits == "none":
                 out = (None, tap_out)
@@ -418,6 +406,18 @@ class DistTarget(Target):
         return None, None
 
     # -- --check --------------------------------------------------------------------
+    def _recv_stage(self, L: int, n_taps: int, src: int, what: str):
+        """[hidden | n_taps taps] of L positions from rank `src` (float32 on the wire), under
+        the watchdog -> (hidden in the activation dtype, [taps] still float32: a middle stage
+        passes them on as they came)."""
+        H = self.info.hidden_size
+        x = mx.distributed.recv((1, L, H * (1 + n_taps)), mx.float32, src, group=self.group)
+        tc = time.perf_counter()
+        self.wd.run(what, lambda: mx.eval(x))
+        self.stats.comm_time += time.perf_counter() - tc
+        parts = mx.split(x, 1 + n_taps, axis=-1)
+        return parts[0].astype(self.act_dtype), list(parts[1:])
+
     def _check(self, cid, offset, toks, cache):
         """All ranks agree on the committed tokens (CRC32) and hold that many KV positions."""
         t0 = time.perf_counter()
@@ -489,39 +489,23 @@ def launched() -> bool:
 
 def cmd_generate(a) -> int:
     """`mlxspec generate` under mlx.launch: rank 0 generates and prints, the others serve."""
-    from . import api
-    from .cli import check_blas
+    from .cli import check_blas, check_generate_args, print_generation, prompt_ids, read_prompt
 
     rank = int(os.environ.get("MLX_RANK", "0") or 0)
+    check_generate_args(a)  # the same flags on every rank: all refuse alike, before loading
     if rank == 0:
         check_blas()
-        if a.prompt is None:
-            raise MlxspecError("no prompt: pass --prompt TEXT (or --prompt - to read stdin)")
     draft = None if a.draft in (None, "none") or a.spec_type == "none" else a.draft
     devnull = open(os.devnull, "w")
-    # flags other issues add to `generate` (verify policy, n-gram), passed on when given
-    kw = {k: getattr(a, f) for k, f in (("policy", "verify_policy"), ("ngram", "ngram"))
-          if getattr(a, f, None) is not None}
     target, tok, spec = load(a.model, draft, a.spec_type, a.block_size, a.num_draft_tokens, a.p_min, a.schedule,
-                             a.dist_mode, a.check, a.dist_timeout, log=sys.stderr if rank == 0 else devnull, **kw)
+                             a.dist_mode, a.check, a.dist_timeout, log=sys.stderr if rank == 0 else devnull,
+                             policy=a.verify_policy, ngram=a.ngram)
     if target.rank != 0:
         target.serve()
         return 0
     with target:
-        prompt = sys.stdin.read() if a.prompt == "-" else a.prompt
-        if tok.has_chat_template and not a.ignore_chat_template:
-            msgs = ([{"role": "system", "content": a.system_prompt}] if a.system_prompt else []) + [
-                {"role": "user", "content": prompt}]
-            ids = tok.encode(tok.apply_chat_template(msgs, add_generation_prompt=True), add_special_tokens=False)
-        else:
-            ids = tok.encode(prompt)
-        last = None
-        for r in api.stream_generate(target, tok, ids, spec, a.max_tokens, a.temp, a.top_p, a.top_k, a.seed, a.stop):
-            print(r.text, end="", flush=True)
-            last = r
-        print()
+        last = print_generation(target, tok, prompt_ids(a, tok, read_prompt(a)), spec, a)
         if a.verbose and last is not None:
-            print(api.footer(last))
             print(footer(target))
     return 0
 

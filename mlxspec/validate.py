@@ -58,6 +58,16 @@ def _show(v) -> str:
 
 # ------------------------------------------------------------------ values from files
 
+def _value(d: dict, key: str, where: str, default, fix: str):
+    """d[key]; _MISSING when it is absent or null and a default applies; one line when it is required."""
+    v = d.get(key, _MISSING)
+    if v is _MISSING or v is None:
+        if default is _MISSING:
+            raise MlxspecError(f"{where}: key {key} is missing; {fix}")
+        return _MISSING
+    return v
+
+
 def get_int(d: dict, key: str, where: str, lo: int | None = 0, hi: int | None = None, default=_MISSING,
             fix: str = "the file is corrupt or not a supported model", integral_float: bool = False) -> int:
     """An integer from a metadata / config mapping, type- and range-checked.
@@ -65,10 +75,8 @@ def get_int(d: dict, key: str, where: str, lo: int | None = 0, hi: int | None = 
     `integral_float`: accept 8.0 for 8 (JSON writers sometimes emit floats); 8.5 is refused."""
     if not isinstance(d, dict):
         raise MlxspecError(f"{where}: expected a key/value object, got {type(d).__name__}; {fix}")
-    v = d.get(key, _MISSING)
-    if v is _MISSING or v is None:
-        if default is _MISSING:
-            raise MlxspecError(f"{where}: key {key} is missing; {fix}")
+    v = _value(d, key, where, default, fix)
+    if v is _MISSING:
         return default
     if integral_float and isinstance(v, float) and math.isfinite(v) and v == int(v):
         v = int(v)
@@ -86,10 +94,8 @@ def get_float(d: dict, key: str, where: str, lo: float | None = None, hi: float 
     """A finite number from a metadata / config mapping, type- and range-checked."""
     if not isinstance(d, dict):
         raise MlxspecError(f"{where}: expected a key/value object, got {type(d).__name__}; {fix}")
-    v = d.get(key, _MISSING)
-    if v is _MISSING or v is None:
-        if default is _MISSING:
-            raise MlxspecError(f"{where}: key {key} is missing; {fix}")
+    v = _value(d, key, where, default, fix)
+    if v is _MISSING:
         return default
     if not _is_num(v):
         raise MlxspecError(f"{where}: {key} is {_show(v)} ({type(v).__name__}), expected a number"
@@ -102,10 +108,8 @@ def get_float(d: dict, key: str, where: str, lo: float | None = None, hi: float 
 
 def get_str(d: dict, key: str, where: str, default=_MISSING, choices=None,
             fix: str = "the file is corrupt or not a supported model") -> str:
-    v = d.get(key, _MISSING)
-    if v is _MISSING or v is None:
-        if default is _MISSING:
-            raise MlxspecError(f"{where}: key {key} is missing; {fix}")
+    v = _value(d, key, where, default, fix)
+    if v is _MISSING:
         return default
     if not isinstance(v, str):
         raise MlxspecError(f"{where}: {key} is {_show(v)} ({type(v).__name__}), expected a string; {fix}")
@@ -116,10 +120,8 @@ def get_str(d: dict, key: str, where: str, default=_MISSING, choices=None,
 
 def get_bool(d: dict, key: str, where: str, default=_MISSING,
              fix: str = "the file is corrupt or not a supported model") -> bool:
-    v = d.get(key, _MISSING)
-    if v is _MISSING or v is None:
-        if default is _MISSING:
-            raise MlxspecError(f"{where}: key {key} is missing; {fix}")
+    v = _value(d, key, where, default, fix)
+    if v is _MISSING:
         return default
     if not isinstance(v, bool):
         raise MlxspecError(f"{where}: {key} is {_show(v)} ({type(v).__name__}), expected true or false; {fix}")
@@ -130,10 +132,8 @@ def get_int_list(d: dict, key: str, where: str, lo: int | None = 0, hi: int | No
                  unique: bool = False, min_len: int = 0, integral_float: bool = False,
                  fix: str = "the file is corrupt or not a supported model") -> list[int]:
     """A list of integers (each range-checked; optionally unique)."""
-    v = d.get(key, _MISSING)
-    if v is _MISSING or v is None:
-        if default is _MISSING:
-            raise MlxspecError(f"{where}: key {key} is missing; {fix}")
+    v = _value(d, key, where, default, fix)
+    if v is _MISSING:
         return default
     if hasattr(v, "tolist") and not isinstance(v, (list, tuple)):
         v = v.tolist()

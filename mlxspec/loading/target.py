@@ -65,7 +65,6 @@ def load_target(path: str | None = None, dense: bool | None = None) -> tuple[Tar
 
 
 def _load_dir(p: Path):
-    import json
 
     from mlx_lm.utils import load_model
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
 from ..errors import MlxspecError
@@ -548,15 +548,8 @@ def cmd_serve(a) -> int:
         raise MlxspecError(f"--timeout {a.timeout} must be positive")
     draft = None if a.draft in (None, "none") or a.spec_type == "none" else a.draft
     load_kw = dict(model=a.model, draft=draft, spec_type=a.spec_type, block_size=a.block_size,
-                   num_draft_tokens=a.num_draft_tokens, p_min=a.p_min, schedule=a.schedule)
-    import inspect
-
-    from .. import api
-
-    params = inspect.signature(api.load).parameters  # flags other subsystems add to `generate`
-    for flag, kw in (("verify_policy", "policy"), ("ngram", "ngram")):
-        if hasattr(a, flag) and kw in params:
-            load_kw[kw] = getattr(a, flag)
+                   num_draft_tokens=a.num_draft_tokens, p_min=a.p_min, schedule=a.schedule,
+                   policy=a.verify_policy, ngram=a.ngram)
     worker = Worker(load_kw, a.prompt_cache_bytes, a.max_queue)
     worker.start()  # loads on the generation thread; MlxspecError -> one line, exit 2
     src = worker.target.info.source or a.model or "SmolLM2-135M-Instruct"

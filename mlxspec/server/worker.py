@@ -22,7 +22,6 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-from ..errors import MlxspecError
 from .prompt_cache import ContextDrafter, PromptCache
 
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

@@ -22,7 +22,7 @@ import numpy as np
 
 from .. import kernels
 from ..models.dflash import DFlashModel, DraftOutput
-from ..models.target import Target, cache_length, dense_weight, trim_cache
+from ..models.target import Target, dense_weight, trim_cache
 from .verify import SamplingParams, probs_from_logits, sample_token
 
 

@@ -26,9 +26,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..models.target import Target, cache_length, trim_cache
-from ..models.dflash import DraftOutput
 from .drafters import Drafter, NoDrafter
-from .ngram import NgramDrafter, one_hot_rows
+from .ngram import NgramDrafter, lookup_output
 from .policy import VerifyPolicy
 from .verify import SamplingParams, accept_greedy, argmax_finite, accept_sampled, probs_from_logits, sample_token
 
@@ -197,7 +196,7 @@ def generate_steps(
                                lookup_source=f"lookup{match_n}")
             source, n = plan.source, plan.n
             if source.startswith("lookup"):
-                d = DraftOutput(lookup[:n], None if sampling.greedy else one_hot_rows(lookup[:n], target.info.vocab_size), None)
+                d = lookup_output(lookup[:n], sampling, target.info.vocab_size)
         if d is None and source != "none" and n > 0:
             d = drafter.draft(anchor, n, sampling, rng)
         drafts = list(d.tokens[:n]) if d else []

@@ -59,11 +59,14 @@ class NgramIndex:
         return [], 0
 
 
-def one_hot_rows(tokens: list[int], vocab_size: int) -> mx.array:
-    """A deterministic proposal's draft distributions (what sampled verification needs)."""
+def lookup_output(tokens: list[int], sp, vocab_size: int) -> DraftOutput:
+    """A deterministic proposal as a draft: under sampling its draft distributions are
+    one-hot rows (what sampled verification needs)."""
+    if sp.greedy or not tokens:
+        return DraftOutput(tokens, None, None)
     q = np.zeros((len(tokens), vocab_size), np.float32)
     q[np.arange(len(tokens)), tokens] = 1.0
-    return mx.array(q)
+    return DraftOutput(tokens, mx.array(q), None)
 
 
 class NgramDrafter:
@@ -87,9 +90,7 @@ class NgramDrafter:
         return self.index.propose(anchor, min(n, self.max_drafts))
 
     def draft(self, anchor, n, sp, rng) -> DraftOutput:
-        toks = self.lookup(anchor, n)[0]
-        probs = None if sp.greedy or not toks else one_hot_rows(toks, self.vocab_size)
-        return DraftOutput(toks, probs, None)
+        return lookup_output(self.lookup(anchor, n)[0], sp, self.vocab_size)
 
 
 class LookupBlockDrafter:
