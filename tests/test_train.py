@@ -74,3 +74,17 @@ def test_loss_decreases_resume_and_export(smollm2, shards, tmp_path):
     _, cfg_gg = load_drafter(str(gg), target.info, log=io.StringIO())
     assert cfg_gg.sample_from_anchor is True and cfg_gg.target_layer_ids == TAPS
     assert cfg_gg.lineage == "dspark" and cfg_gg.draft_vocab_size == 512
+
+
+def test_train_flags_with_defaults_pass_the_check():
+    """The defaults themselves must pass the flag check (a regression: --tokens left at its
+    default None made `mlxspec train` crash before doing anything)."""
+    from mlxspec.cli import build_parser
+    from mlxspec.errors import MlxspecError
+    from mlxspec.train.cli import check_train_args
+
+    p = build_parser()
+    check_train_args(p.parse_args(["train", "--out", "x"]))
+    check_train_args(p.parse_args(["train", "--out", "x", "--tokens", "code=100,prose=5"]))
+    with pytest.raises(MlxspecError, match="--tokens"):
+        check_train_args(p.parse_args(["train", "--out", "x", "--tokens", "code"]))

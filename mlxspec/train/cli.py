@@ -101,7 +101,8 @@ def check_train_args(a) -> None:
     taps = [int(x) for x in parts]
     if len(set(taps)) != len(taps) or min(taps) < 0:
         raise MlxspecError(f"--taps {a.taps!r}: layer numbers must be distinct and >= 0")
-    _parse_kv(a.tokens)
+    if a.tokens is not None:
+        _parse_kv(a.tokens)
 
 
 def cmd_train(a) -> int:
