@@ -19,18 +19,18 @@ from typing import Iterator
 
 import mlx.core as mx
 
-from .errors import MlxspecError
-from .validate import check_prompt_ids, check_sampling_args, check_spec_args
-from .models.target import Target
-from .spec.drafters import BlockDrafter, NoDrafter, SimpleDrafter
-from .spec.engine import SpecStats, generate_steps
-from .spec.ngram import LookupBlockDrafter, NgramDrafter
-from .spec.policy import VerifyPolicy
-from .spec.verify import SamplingParams
+from mlxspec.errors import MlxspecError
+from mlxspec.validate import check_prompt_ids, check_sampling_args, check_spec_args
+from mlxspec.targets.model import Target
+from mlxspec.engine.drafting import BlockDrafter, NoDrafter, SimpleDrafter
+from mlxspec.engine.loop import SpecStats, generate_steps
+from mlxspec.engine.ngram import LookupBlockDrafter, NgramDrafter
+from mlxspec.engine.policy import VerifyPolicy
+from mlxspec.engine.verify import SamplingParams
 
 SPEC_TYPES = ("auto", "draft-dflash", "draft-dspark", "draft-simple", "ngram", "none")
 VERIFY_POLICIES = ("adaptive", "fixed")
-SHIPPED = Path(__file__).parent / "drafters"
+SHIPPED = Path(__file__).parent / "weights"
 
 
 def shipped_drafter(kind: str = "dspark") -> Path | None:
@@ -99,7 +99,7 @@ def load(
     draft: a drafter path (dir or .gguf), "auto" (the shipped drafter when the default
     model is used, else none), or None.
     """
-    from .loading.target import load_target
+    from mlxspec.targets.load import load_target
 
     for name, v in (("model", model), ("draft", draft)):
         if v is not None and not isinstance(v, (str, os.PathLike)):
@@ -108,7 +108,7 @@ def load(
     if draft == "auto":
         ship = shipped_drafter("dspark") if model is None else None
         if model is not None and spec_type not in ("none", "ngram", "draft-simple"):
-            from .registry import describe, lookup  # the known published drafter for this target
+            from mlxspec.drafters.registry import describe, lookup  # the known published drafter for this target
 
             entry = lookup(str(model))
             if entry:
@@ -153,7 +153,7 @@ def load_speculator(
     if draft is None:
         raise MlxspecError(f"--spec-type {spec_type} needs a drafter: pass --draft PATH")
     if spec_type == "draft-simple":
-        from .loading.target import load_target
+        from mlxspec.targets.load import load_target
 
         dmodel, dtok = load_target(draft)
         if dmodel.info.vocab_size != target.info.vocab_size:
@@ -164,7 +164,7 @@ def load_speculator(
         n = num_draft_tokens or 4
         return Speculator(lambda t: SimpleDrafter(dmodel, n), "draft-simple", None, False, n,
                           f"draft-simple {Path(draft).name} n={n}", policy)
-    from .loading.drafter import load_drafter
+    from mlxspec.drafters.load import load_drafter
 
     dmodel, cfg = load_drafter(draft, target.info, requested=spec_type, log=log)
     if num_draft_tokens is not None:
@@ -351,6 +351,6 @@ def make_policy(target: Target, drafter, spec: Speculator):
 def profile_for(target: Target, drafter) -> dict[int, float]:
     """Verify steps/second per block length (1 .. max_drafts+1), measured once per model
     and device and cached in the mlxspec cache dir."""
-    from .spec.profile import verify_profile
+    from mlxspec.engine.profile import verify_profile
 
     return verify_profile(target, drafter.max_drafts + 1)

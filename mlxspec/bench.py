@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import MlxspecError
+from mlxspec.errors import MlxspecError
 
 FULL = dict(prompts_per_category=4, max_tokens=96, repeats=2, temps="0,1")
 QUICK = dict(prompts_per_category=1, max_tokens=32, repeats=1, temps="0")
@@ -80,8 +80,8 @@ def add_bench_args(p):
 
 def settings(a) -> dict:
     """The run's settings from the parsed flags; MlxspecError for bad values."""
-    from .api import shipped_drafter
-    from .prompts import load_prompts
+    from mlxspec.api import shipped_drafter
+    from mlxspec.prompts import load_prompts
 
     base = QUICK if a.quick else FULL
     s = {k: (getattr(a, k) if getattr(a, k) is not None else v) for k, v in base.items()}
@@ -144,8 +144,8 @@ def command_line(a) -> str:
 def mlx_lm_dir(model: str | None, root: str | None) -> Path:
     """The target as an MLX directory mlx_lm loads (float32 on CPU, the lossless repack
     on Metal/CUDA); shared with scripts/bench_ar.py through `cached_mlx_copy`."""
-    from .loading.convert import cached_mlx_copy
-    from .loading.target import default_dense, resolve_model_path
+    from mlxspec.targets.convert import cached_mlx_copy
+    from mlxspec.targets.load import default_dense, resolve_model_path
 
     src = Path(resolve_model_path(model))
     if src.is_dir():
@@ -157,9 +157,9 @@ def mlx_lm_dir(model: str | None, root: str | None) -> Path:
 # A runner: run(ids, temp, seed, max_tokens) -> (tokens, seconds from first to last token, SpecStats | None)
 
 def mlxspec_runner(target, eos, speculator=None):
-    from .api import make_policy
-    from .spec.engine import SpecStats, generate_steps
-    from .spec.verify import SamplingParams
+    from mlxspec.api import make_policy
+    from mlxspec.engine.loop import SpecStats, generate_steps
+    from mlxspec.engine.verify import SamplingParams
 
     def run(ids, temp, seed, max_tokens):
         st = SpecStats()
@@ -181,10 +181,10 @@ def random_weights(spec, path, target, log):
     survive (a drafter that is never right must cost at most a few percent)."""
     import mlx.core as mx
 
-    from .api import Speculator
-    from .loading.drafter import load_drafter
-    from .models.dflash import DFlashModel
-    from .spec.drafters import BlockDrafter
+    from mlxspec.api import Speculator
+    from mlxspec.drafters.load import load_drafter
+    from mlxspec.drafters.model import DFlashModel
+    from mlxspec.engine.drafting import BlockDrafter
 
     model, cfg = load_drafter(path, target.info, log=log)
     mx.random.seed(0)
@@ -259,8 +259,8 @@ def forward_ms(ms: dict, L: float) -> float:
 
 def summarize(configs, timings, s, ms) -> list[dict]:
     """One row per (temp, configuration, category + 'all')."""
-    from .evaluate import _merge, merged_tau
-    from .spec.engine import SpecStats
+    from mlxspec.evaluate import _merge, merged_tau
+    from mlxspec.engine.loop import SpecStats
 
     rows = []
     for temp in s["temps"]:
@@ -437,11 +437,11 @@ def cmd_bench(a) -> int:
     import mlx_lm
     from tqdm import tqdm
 
-    from .api import load_speculator
-    from .blas import blas_status
-    from .loading.target import default_dense, load_target, resolve_model_path
-    from .prompts import encode_prompt
-    from .spec.profile import measure_verify_sps
+    from mlxspec.api import load_speculator
+    from mlxspec.blas import blas_status
+    from mlxspec.targets.load import default_dense, load_target, resolve_model_path
+    from mlxspec.prompts import encode_prompt
+    from mlxspec.engine.profile import measure_verify_sps
 
     s = settings(a)
     fast, blas_msg = blas_status()

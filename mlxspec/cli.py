@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from .errors import MlxspecError
+from mlxspec.errors import MlxspecError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-chat-template", action="store_true")
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     g.add_argument("--verbose", type=_bool, default=True, help="print the footer (True/False)")
-    from .distributed import add_dist_args  # --dist-mode, --check, --dist-timeout (under mlx.launch)
+    from mlxspec.distributed import add_dist_args  # --dist-mode, --check, --dist-timeout (under mlx.launch)
 
     add_dist_args(g)
 
@@ -75,17 +75,17 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--force", action="store_true", help="write into a non-empty --out (replaces mlxspec's files there)")
 
     t = sub.add_parser("train", help="train a DFlash or DSpark drafter for a target")
-    from .train.cli import add_train_args
+    from mlxspec.train.cli import add_train_args
 
     add_train_args(t)
 
     b = sub.add_parser("bench", help="side-by-side benchmark: mlx_lm, mlxspec autoregressive, speculative")
-    from .bench import add_bench_args
+    from mlxspec.bench import add_bench_args
 
     add_bench_args(b)
 
     s = sub.add_parser("serve", help="OpenAI-compatible HTTP server with speculative decoding and a prompt cache")
-    from .server.app import add_serve_args
+    from mlxspec.server.app import add_serve_args
 
     add_serve_args(s)
     return ap
@@ -101,7 +101,7 @@ def _bool(s: str) -> bool:
 
 def check_blas(stream=sys.stderr) -> None:
     """Warn when MLX runs on Linux CPU without OpenBLAS preloaded (reference BLAS: ~60x slower GEMM)."""
-    from .blas import blas_status
+    from mlxspec.blas import blas_status
 
     ok, msg = blas_status()
     if not ok and msg:
@@ -112,7 +112,7 @@ def check_generate_args(a) -> None:
     """`generate`'s flags, checked before minutes of loading (every rank under mlx.launch)."""
     if a.prompt is None:
         raise MlxspecError("no prompt: pass --prompt TEXT (or --prompt - to read stdin)")
-    from .validate import check_sampling_args, check_spec_args
+    from mlxspec.validate import check_sampling_args, check_spec_args
 
     check_sampling_args(a.max_tokens, a.temp, a.top_p, a.top_k, a.seed)
     check_spec_args(a.block_size, a.num_draft_tokens, a.p_min)
@@ -146,7 +146,7 @@ def prompt_ids(a, tok, prompt: str) -> list[int]:
 
 def print_generation(target, tok, ids, spec, a):
     """Stream the text to stdout, then the footer (--verbose); -> the last response."""
-    from . import api
+    from mlxspec import api
 
     last = None
     for r in api.stream_generate(target, tok, ids, spec, a.max_tokens, a.temp, a.top_p, a.top_k, a.seed, a.stop):
@@ -159,7 +159,7 @@ def print_generation(target, tok, ids, spec, a):
 
 
 def cmd_generate(a) -> int:
-    from . import api
+    from mlxspec import api
 
     check_blas()
     check_generate_args(a)
@@ -186,14 +186,14 @@ def read_stdin_prompt() -> str:
 
 
 def cmd_inspect(a) -> int:
-    from .inspect import inspect_path
+    from mlxspec.inspect import inspect_path
 
     print(inspect_path(a.path))
     return 0
 
 
 def cmd_convert(a) -> int:
-    from .loading.convert import convert_to_mlx
+    from mlxspec.targets.convert import convert_to_mlx
 
     out = convert_to_mlx(a.model, a.out, dtype=a.dtype, force=a.force)
     print(f"wrote {out}")
@@ -202,14 +202,14 @@ def cmd_convert(a) -> int:
 
 def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from .blas import reexec_with_openblas
+    from mlxspec.blas import reexec_with_openblas
 
     reexec_with_openblas(sys.argv[1:] if argv is None else list(argv))
     ap = build_parser()
     a = ap.parse_args(argv)
     try:
         if a.cmd == "generate":
-            from . import distributed
+            from mlxspec import distributed
 
             return distributed.cmd_generate(a) if distributed.launched() else cmd_generate(a)
         if a.cmd == "inspect":
@@ -217,15 +217,15 @@ def main(argv=None) -> int:
         if a.cmd == "convert":
             return cmd_convert(a)
         if a.cmd == "train":
-            from .train.cli import cmd_train
+            from mlxspec.train.cli import cmd_train
 
             return cmd_train(a)
         if a.cmd == "bench":
-            from .bench import cmd_bench
+            from mlxspec.bench import cmd_bench
 
             return cmd_bench(a)
         if a.cmd == "serve":
-            from .server.app import cmd_serve
+            from mlxspec.server.app import cmd_serve
 
             return cmd_serve(a)
     except MlxspecError as e:

@@ -7,7 +7,7 @@ Design (one decider, N-1 target servers):
     MLP sizes divide by the number of ranks; otherwise the layers are split into
     contiguous stages (pipeline parallel, activations passed with send/recv).
   * Rank 0 (the leader) runs the unchanged speculative loop
-    (`mlxspec.spec.engine.generate_steps`) with the drafter, the sampler and the RNG; it
+    (`mlxspec.engine.loop.generate_steps`) with the drafter, the sampler and the RNG; it
     alone decides what is accepted and committed. Its target is a `DistTarget`: before
     every target forward it broadcasts one small int32 header (cache id, committed length,
     the tokens to run, tap ids, logits mode), so the other ranks run the same forward on
@@ -41,8 +41,8 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from .errors import MlxspecError
-from .models.target import Target, cache_length, trim_cache
+from mlxspec.errors import MlxspecError
+from mlxspec.targets.model import Target, cache_length, trim_cache
 
 DEFAULT_TIMEOUT = 120.0
 _HDR = 64  # int32 words per header broadcast
@@ -452,8 +452,8 @@ def load(model: str | None = None, draft: str | None = "auto", spec_type: str = 
     call `target.serve()`. Rank 0 calls `target.close()` (or uses `with target:`) when done.
     spec_kw: further keyword arguments of `api.load_speculator`.
     """
-    from . import api
-    from .loading.target import load_target
+    from mlxspec import api
+    from mlxspec.targets.load import load_target
 
     group, wd = init(timeout)
     try:
@@ -489,7 +489,7 @@ def launched() -> bool:
 
 def cmd_generate(a) -> int:
     """`mlxspec generate` under mlx.launch: rank 0 generates and prints, the others serve."""
-    from .cli import check_blas, check_generate_args, print_generation, prompt_ids, read_prompt
+    from mlxspec.cli import check_blas, check_generate_args, print_generation, prompt_ids, read_prompt
 
     rank = int(os.environ.get("MLX_RANK", "0") or 0)
     check_generate_args(a)  # the same flags on every rank: all refuse alike, before loading

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from .prompts import encode_prompt, load_prompts
-from .spec.engine import SpecStats, generate_steps
-from .spec.verify import SamplingParams
+from mlxspec.prompts import encode_prompt, load_prompts
+from mlxspec.engine.loop import SpecStats, generate_steps
+from mlxspec.engine.verify import SamplingParams
 
 
 def run_prompts(target, tokenizer, drafter_factory, prompts: list[list[int]], max_tokens: int = 64,
@@ -54,7 +54,7 @@ def merged_tau(st: SpecStats) -> float:
 
 def evaluate_drafter(target, tokenizer, drafter_path, n_per_category: int = 8, max_tokens: int = 64,
                      categories=("code", "prose", "chat"), block_size=None, log=sys.stderr) -> dict:
-    from .api import load_speculator
+    from mlxspec.api import load_speculator
 
     spec = load_speculator(str(drafter_path), target, "auto", block_size=block_size, log=log)
     prompts = load_prompts()

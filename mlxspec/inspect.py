@@ -5,7 +5,7 @@ Works without loading the weights of a target (the tensor table and metadata are
 to plan the load: which tensors stay quantized, which are repacked, which are
 dequantized and at what memory cost, what is missing or left over). Drafters (GGUF
 `dflash` / `dspark`, or Hugging Face drafter directories) are small and are loaded with
-`mlxspec.loading.drafter.load_drafter(path, None)` so the report shows the lineage and
+`mlxspec.drafters.load.load_drafter(path, None)` so the report shows the lineage and
 block layout exactly as generation would see them.
 
 A path that is missing or is not a GGUF file / model directory is a user error
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import MlxspecError
+from mlxspec.errors import MlxspecError
 
 _AFFINE_KEPT = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
 _LOWBIT_REPACK = {"Q1_0": (1, 128), "Q2_0": (2, 64), "PQ2_0": (2, 128), "PTQ1_0": (2, 128)}
@@ -37,7 +37,7 @@ _BIG_META = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.t
 def inspect_path(path: str | os.PathLike) -> str:
     """The report for a .gguf file or a model / drafter directory (or a Hugging Face repo id:
     its cached/downloaded snapshot), as text."""
-    from .loading.hub import resolve
+    from mlxspec.hub import resolve
 
     shown = str(path)
     p = Path(resolve(str(path), "model"))
@@ -46,8 +46,8 @@ def inspect_path(path: str | os.PathLike) -> str:
     report = _inspect_dir(p) if p.is_dir() else _inspect_gguf(p)
     lines = report.split("\n")
     at = next((i for i, ln in enumerate(lines) if ln.startswith("  role: target")), None)
-    if at is not None:  # the --draft auto pairing (mlxspec/drafters/registry.json)
-        from .registry import describe
+    if at is not None:  # the --draft auto pairing (mlxspec/data/registry.json)
+        from mlxspec.drafters.registry import describe
 
         lines.insert(at + 1, f"  drafter (--draft auto): {describe(shown)}")
     return "\n".join(lines)
@@ -108,7 +108,7 @@ def _tensor_groups(rows) -> list[str]:
 # ----------------------------------------------------------------------------- GGUF
 
 def _inspect_gguf(p: Path) -> str:
-    from .loading.gguf_file import read_gguf
+    from mlxspec.gguf.file import read_gguf
 
     g = read_gguf(p)  # missing / not GGUF / truncated header -> MlxspecError (one line)
     md = g.metadata
@@ -143,7 +143,7 @@ def _inspect_gguf(p: Path) -> str:
 
     arch = g.architecture
     _section(lines, "mlxspec")
-    from .loading.gguf_target import SUPPORTED_ARCHS
+    from mlxspec.targets.gguf import SUPPORTED_ARCHS
 
     if arch in SUPPORTED_ARCHS:
         _gguf_target_view(g, lines, problems)
@@ -170,15 +170,15 @@ def _dequantizable(type_id: int) -> bool:
 
 def _lowbit_repacked() -> set[str]:
     """Names of the low-bit types the loader repacks into MLX affine (it decides, not this module)."""
-    from .loading import gguf_target
-    from .loading.gguf_file import type_name
+    from mlxspec.targets import gguf as gguf_target
+    from mlxspec.gguf.file import type_name
 
     return {type_name(t) for t in getattr(gguf_target, "LOWBIT_TYPES", (41, 42, 142))}
 
 
 def _plan(info) -> tuple[str, int | None, str | None]:
     """(what the loader does with this tensor, bytes it takes after loading or None, problem or None)."""
-    from .loading.gguf_file import GGML_TYPES
+    from mlxspec.gguf.file import GGML_TYPES
 
     name, n_el = info.type_name, int(np.prod(info.shape)) if info.shape else 1
     two_d = len(info.shape) == 2
@@ -201,7 +201,7 @@ def _plan(info) -> tuple[str, int | None, str | None]:
 
 
 def _gguf_target_view(g, lines: list[str], problems: list[str]) -> None:
-    from .loading.gguf_target import gguf_config, gguf_to_hf_name
+    from mlxspec.targets.gguf import gguf_config, gguf_to_hf_name
 
     try:
         cfg = gguf_config(g)
@@ -280,7 +280,7 @@ def _gguf_target_view(g, lines: list[str], problems: list[str]) -> None:
 
 
 def _gguf_tokenizer_view(g, cfg: dict, lines: list[str], problems: list[str]) -> None:
-    from .loading.tokenizer import load_gguf_tokenizer
+    from mlxspec.tokenizer.build import load_gguf_tokenizer
 
     try:
         tok = load_gguf_tokenizer(g.metadata)
@@ -305,7 +305,7 @@ def _gguf_tokenizer_view(g, cfg: dict, lines: list[str], problems: list[str]) ->
 # ----------------------------------------------------------------------------- drafters
 
 def _drafter_view(path: str, lines: list[str], problems: list[str]) -> None:
-    from .loading import drafter as drafter_mod
+    from mlxspec.drafters import load as drafter_mod
 
     load = getattr(drafter_mod, "load_drafter", None)
     if load is None:
@@ -391,7 +391,7 @@ def _inspect_dir(d: Path) -> str:
         lines.extend(_tensor_groups(rows))
 
     _section(lines, "mlxspec")
-    from .loading.drafter_hf import detect_format
+    from mlxspec.drafters.formats.hf import detect_format
 
     try:
         detect_format(config, str(d))
@@ -437,7 +437,7 @@ def _dir_target_view(d: Path, config: dict, rows, lines: list[str], problems: li
     if not (d / "tokenizer.json").exists():
         problems.append("no tokenizer.json; copy the model's tokenizer files into the directory")
         return
-    from .loading.tokenizer import load_hf_tokenizer
+    from mlxspec.tokenizer.build import load_hf_tokenizer
 
     try:
         tok = load_hf_tokenizer(d)

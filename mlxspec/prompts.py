@@ -29,7 +29,7 @@ CHAT_QUESTIONS = [
 
 
 def build_prompts(n_per_category: int = 16, max_chars: int = 1200) -> dict[str, list[str]]:
-    from .train.data import corpus_files, read_text
+    from mlxspec.train.data import corpus_files, read_text
 
     files = corpus_files(None, "heldout")
     code, prose = [], []

@@ -12,7 +12,7 @@ import numbers
 import os
 import stat
 
-from .errors import MlxspecError
+from mlxspec.errors import MlxspecError
 
 _MISSING = object()
 

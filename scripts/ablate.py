@@ -43,9 +43,9 @@ def main():
     a = ap.parse_args()
 
     from mlxspec.evaluate import merged_tau, run_prompts
-    from mlxspec.loading.target import load_target
+    from mlxspec.targets.load import load_target
     from mlxspec.prompts import encode_prompt, load_prompts
-    from mlxspec.spec.drafters import BlockDrafter
+    from mlxspec.engine.drafting import BlockDrafter
     from mlxspec.train.trainer import TrainConfig, train
 
     configs = json.loads(Path(a.configs).read_text()) if a.configs else CONFIGS

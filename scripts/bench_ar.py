@@ -5,7 +5,7 @@ mlx_lm cannot read GGUF, so the GGUF target is written once as MLX directories w
 `mlxspec convert` (cached under the mlxspec cache, reused):
 
 - `dense`: `--dtype float32`. mlxspec on the CPU computes dense float32 (see
-  `mlxspec.models.target.dequantize_model`), so both engines run identical dense weights.
+  `mlxspec.targets.model.dequantize_model`), so both engines run identical dense weights.
   This is the comparison the 5% criterion applies to.
 - `keep`: the lossless MLX affine repack of the GGUF's quantized tensors, loaded quantized
   by both (mlxspec with `load_target(dense=False)`).
@@ -53,7 +53,7 @@ def parse_args(argv=None):
 
 
 def run_mlxspec(target, ids: list[int], n: int) -> tuple[list[int], float]:
-    from mlxspec.spec.engine import generate_steps
+    from mlxspec.engine.loop import generate_steps
 
     out: list[int] = []
     t_first = None
@@ -88,8 +88,8 @@ def main(argv=None) -> int:
     from tqdm import tqdm
 
     from mlxspec.blas import blas_status
-    from mlxspec.loading.target import load_target, resolve_model_path
-    from mlxspec.loading.convert import cached_mlx_copy
+    from mlxspec.targets.load import load_target, resolve_model_path
+    from mlxspec.targets.convert import cached_mlx_copy
     from mlxspec.prompts import encode_prompt, load_prompts
 
     fast, blas_msg = blas_status()

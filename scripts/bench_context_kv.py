@@ -6,10 +6,10 @@ K/V, alternated in one process: begin(ctx rows), then 64 steps of accept(3 rows)
 Reports medians per step (this machine's 2 cores are shared, so medians, not means)."""
 import time, sys, io, statistics
 import mlx.core as mx, numpy as np
-from mlxspec.loading.target import load_target
+from mlxspec.targets.load import load_target
 from mlxspec.api import load_speculator
-from mlxspec.spec.verify import SamplingParams
-from mlxspec.spec.drafters import BlockDrafter
+from mlxspec.engine.verify import SamplingParams
+from mlxspec.engine.drafting import BlockDrafter
 
 
 class OldKV(BlockDrafter):  # the pre-fix accept: concatenate the whole context each step
@@ -34,7 +34,7 @@ class OldKV(BlockDrafter):  # the pre-fix accept: concatenate the whole context 
 
 
 target, tok = load_target()
-spec = load_speculator("mlxspec/drafters/smollm2-135m-dspark", target, "auto", log=io.StringIO())
+spec = load_speculator("mlxspec/weights/smollm2-135m-dspark", target, "auto", log=io.StringIO())
 new = spec.make_drafter(target)
 old = OldKV(new.model, target)
 H = target.info.hidden_size; T = len(new.taps)

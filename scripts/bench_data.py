@@ -36,7 +36,7 @@ def main():
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
 
-    from mlxspec.loading.target import load_target
+    from mlxspec.targets.load import load_target
     from mlxspec.train.data import next_token_topk
 
     target, _ = load_target(None)

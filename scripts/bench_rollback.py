@@ -1,4 +1,4 @@
-"""Recurrent-state rollback: "replay" vs "capture" (mlxspec/models/rollback.py), measured.
+"""Recurrent-state rollback: "replay" vs "capture" (mlxspec/targets/rollback.py), measured.
 
 A random-weight Qwen3.5 (Gated DeltaNet + attention, mlx-lm's own classes) verifies a block of
 L tokens after a prompt and is rolled back to keep 1..L of them; per strategy this prints the
@@ -27,7 +27,7 @@ def main():
 
     from mlx_lm.utils import _get_classes
 
-    from mlxspec.models.target import Target, trim_cache
+    from mlxspec.targets.model import Target, trim_cache
 
     d = a.hidden
     cfg = dict(model_type="qwen3_5", hidden_size=d, num_hidden_layers=a.layers, intermediate_size=3 * d,

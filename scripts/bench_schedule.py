@@ -6,11 +6,11 @@
 4 held-out code prompts, 64 tokens; numbers quoted in the README (Results).
 """
 import io, time
-from mlxspec.loading.target import load_target
+from mlxspec.targets.load import load_target
 from mlxspec.api import load_speculator, shipped_drafter
 from mlxspec.evaluate import run_prompts, merged_tau
 from mlxspec.prompts import encode_prompt, load_prompts
-from mlxspec.spec.profile import measure_verify_sps
+from mlxspec.engine.profile import measure_verify_sps
 T, tok = load_target(None)
 p = load_prompts()
 prompts = [encode_prompt(tok, "code", t) for t in p["code"][:4]]

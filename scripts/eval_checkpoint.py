@@ -3,7 +3,7 @@
 
     LD_PRELOAD=$(python -m mlxspec.blas) python scripts/eval_checkpoint.py runs/dflash-corpus/ckpt runs/dflash-ckpt500 --json out.json
 
-Used for the data/label comparison in mlxspec/drafters/README.md: same prompts, same
+Used for the data/label comparison in mlxspec/weights/README.md: same prompts, same
 token budget as the evaluation `mlxspec train` runs at its end.
 """
 
@@ -21,10 +21,10 @@ def main():
     a = ap.parse_args()
 
     from mlxspec.evaluate import merged_tau, run_prompts
-    from mlxspec.loading.target import load_target
-    from mlxspec.models.dflash import DFlashModel, DrafterConfig
+    from mlxspec.targets.load import load_target
+    from mlxspec.drafters.model import DFlashModel, DrafterConfig
     from mlxspec.prompts import encode_prompt, load_prompts
-    from mlxspec.spec.drafters import BlockDrafter
+    from mlxspec.engine.drafting import BlockDrafter
 
     target, tok = load_target(None)
     prompts = load_prompts()

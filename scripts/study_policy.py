@@ -27,9 +27,9 @@ def main():
 
     from mlxspec import api
     from mlxspec.prompts import encode_prompt, load_prompts
-    from mlxspec.spec.engine import SpecStats, generate_steps
-    from mlxspec.spec.policy import VerifyPolicy
-    from mlxspec.spec.verify import SamplingParams
+    from mlxspec.engine.loop import SpecStats, generate_steps
+    from mlxspec.engine.policy import VerifyPolicy
+    from mlxspec.engine.verify import SamplingParams
 
     target, tok, _ = api.load(None, None)
     ds = str(api.shipped_drafter("dspark"))

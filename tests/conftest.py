@@ -28,7 +28,7 @@ def smollm2_path():
 @pytest.fixture(scope="session")
 def smollm2(smollm2_path):
     """(Target, Tokenizer) for SmolLM2-135M-Instruct, as `load_target` gives them (dense f32 on CPU)."""
-    from mlxspec.loading.target import load_target
+    from mlxspec.targets.load import load_target
 
     return load_target(str(smollm2_path))
 
@@ -96,7 +96,7 @@ def tiny_tensors(seed: int = 0, layers: int | None = None) -> dict:
 
 def add_tiny_tokenizer(w) -> None:
     """A byte-level gpt2 vocabulary: 256 byte tokens, 'Ġt' + 'he' + 'Ġthe' merges, two control tokens."""
-    from mlxspec.loading.tokenizer import _BYTE_ENCODER
+    from mlxspec.tokenizer.build import _BYTE_ENCODER
 
     tokens = [_BYTE_ENCODER[b] for b in range(256)] + ["Ġt", "he", "Ġthe", "<|endoftext|>", "<|im_end|>"]
     types = [1] * (len(tokens) - 2) + [3, 3]
@@ -115,7 +115,7 @@ def encode_tensor(qtype: str, w, rng=None):
     import gguf
     import numpy as np
 
-    from mlxspec.loading import lowbit
+    from mlxspec.gguf import quants as lowbit
 
     ids = {"Q2_0": 42, "PQ2_0": 142}
     if qtype == "F32":
@@ -181,7 +181,7 @@ def write_gguf(path, tensors: dict, arch: str = "llama", tokenizer: bool = True,
         qtype = (types or {}).get(name, default_type if a.ndim == 2 else "F32")
         if isinstance(qtype, int):  # an id gguf does not know: F32 bytes under a placeholder
             tid, raw = qtype, np.ascontiguousarray(a, np.float32).view(np.uint8)
-            from mlxspec.loading.gguf_file import GGML_TYPES
+            from mlxspec.gguf.file import GGML_TYPES
 
             if qtype in GGML_TYPES and a.ndim == 2:  # a known type: zero blocks of its real size
                 _, bs, bb = GGML_TYPES[qtype]

@@ -89,7 +89,7 @@ def target_spec():
         ("llama.attention.layer_norm_rms_epsilon", F32, 1e-5, None),
         ("llama.rope.freq_base", F32, 10000.0, None),
     ]
-    from mlxspec.loading.tokenizer import _BYTE_ENCODER
+    from mlxspec.tokenizer.build import _BYTE_ENCODER
 
     tokens = [_BYTE_ENCODER[b] for b in range(256)] + ["Ġt", "he", "Ġthe", "<|endoftext|>", "<|im_end|>"]
     md += [
@@ -210,7 +210,7 @@ class Fixtures:
         self.drafter_gguf = os.path.join(root, "drafter.gguf")
         self._write_drafters()
         self.hf_target = os.path.join(root, "target-mlx")
-        from mlxspec.loading.convert import convert_to_mlx
+        from mlxspec.targets.convert import convert_to_mlx
 
         convert_to_mlx(self.target, self.hf_target, dtype="float32")
         self.dg_bytes = open(self.drafter_gguf, "rb").read()
@@ -220,8 +220,8 @@ class Fixtures:
         import mlx.core as mx
         from mlx.utils import tree_unflatten
 
-        from mlxspec.loading.drafter import model_tensors, save_drafter
-        from mlxspec.models.dflash import DFlashModel, DrafterConfig
+        from mlxspec.drafters.load import model_tensors, save_drafter
+        from mlxspec.drafters.model import DFlashModel, DrafterConfig
 
         c = _conftest()
         t = c.TINY
@@ -242,7 +242,7 @@ class Fixtures:
 
         kw = {}
         if "target" in inspect.signature(save_drafter).parameters:  # writers that record the target
-            from mlxspec.loading.target import load_target
+            from mlxspec.targets.load import load_target
 
             kw["target"] = load_target(self.target)[0]
         save_drafter(m, cfg, self.drafter, "speculators", **kw)
@@ -825,7 +825,7 @@ def _worker_main():
 
 
 def _run_api(req, state, api, MlxspecError):
-    from mlxspec.loading.target import load_target
+    from mlxspec.targets.load import load_target
 
     if "target" not in state:
         state["target"] = load_target(req["target"])

@@ -7,7 +7,7 @@ assert acceptance itself.
 
 Prompts: 6 fixed corpus prefixes (4 code, 2 prose) of 64 tokens from the TRAINING split
 (tests/data/acceptance_prompts.json), where the shipped drafters are at their best. They
-are weak on held-out text (acceptance ~3%, tau ~1.2-1.3, see mlxspec/drafters/README.md),
+are weak on held-out text (acceptance ~3%, tau ~1.2-1.3, see mlxspec/weights/README.md),
 too close to a collapse for a floor to mean anything there. A regression in layout, taps,
 mask or tokenizer collapses acceptance on any prompt, so these prompts catch it.
 
@@ -28,7 +28,7 @@ import pytest
 
 from mlxspec.api import load_speculator, shipped_drafter
 from mlxspec.evaluate import run_prompts
-from mlxspec.spec.drafters import BlockDrafter
+from mlxspec.engine.drafting import BlockDrafter
 
 MAX_TOKENS = 48
 FLOOR = {"dspark": 0.045, "dflash": 0.045}
@@ -50,7 +50,7 @@ def autoregressive(smollm2, prompts):
 
 def _path(kind):
     p = shipped_drafter(kind)
-    assert p is not None, f"the shipped {kind} drafter is missing from mlxspec/drafters/"
+    assert p is not None, f"the shipped {kind} drafter is missing from mlxspec/weights/"
     return str(p)
 
 
@@ -87,7 +87,7 @@ def test_wrong_layout_collapses_acceptance(smollm2, prompts, autoregressive):
     its base logits beyond row 0 are weak, so its acceptance comes mostly from the Markov
     head conditioning on the previous token, which the row shift does not disturb."""
     target, _ = smollm2
-    from mlxspec.loading.drafter import load_drafter
+    from mlxspec.drafters.load import load_drafter
 
     model, cfg = load_drafter(_path("dflash"), target.info, log=io.StringIO())
     assert cfg.sample_from_anchor is True

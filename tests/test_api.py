@@ -11,10 +11,10 @@ import pytest
 
 from mlxspec import api, cli
 from mlxspec.errors import MlxspecError
-from mlxspec.loading.drafter import load_drafter, save_drafter
-from mlxspec.models.dflash import DFlashModel, DrafterConfig
-from mlxspec.spec.drafters import SimpleDrafter
-from mlxspec.spec.engine import generate_steps
+from mlxspec.drafters.load import load_drafter, save_drafter
+from mlxspec.drafters.model import DFlashModel, DrafterConfig
+from mlxspec.engine.drafting import SimpleDrafter
+from mlxspec.engine.loop import generate_steps
 
 PROMPT = "The capital of France is"
 N = 24

@@ -10,8 +10,8 @@ import mlx.core as mx
 import pytest
 
 from mlxspec import cli
-from mlxspec.loading.drafter import save_drafter
-from mlxspec.models.dflash import DFlashModel, DrafterConfig
+from mlxspec.drafters.load import save_drafter
+from mlxspec.drafters.model import DFlashModel, DrafterConfig
 
 
 @pytest.fixture(scope="module")

@@ -92,7 +92,7 @@ def test_inspect_unsupported_architecture(tmp_path):
 
 
 def _tiny_drafter(rank: int):
-    from mlxspec.models.dflash import DFlashModel, DrafterConfig
+    from mlxspec.drafters.model import DFlashModel, DrafterConfig
 
     cfg = DrafterConfig(hidden_size=256, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
                         num_key_value_heads=2, head_dim=64, block_size=4, target_layer_ids=[0, 1],
@@ -109,7 +109,7 @@ def _tiny_drafter(rank: int):
     (16, "deepspec", "dspark", "anchor-first (sample_from_anchor=true): no sample_from_anchor key; DeepSpec"),
 ])
 def test_inspect_drafter(tmp_path, rank, fmt, lineage, layout):
-    from mlxspec.loading.drafter import save_drafter
+    from mlxspec.drafters.load import save_drafter
 
     m, cfg = _tiny_drafter(rank)
     path = tmp_path / ("d.gguf" if fmt == "gguf" else "d")
@@ -125,7 +125,7 @@ def test_inspect_drafter(tmp_path, rank, fmt, lineage, layout):
 def test_inspect_broken_drafter_is_a_problem(tmp_path):
     import gguf
 
-    from mlxspec.loading.drafter import save_drafter
+    from mlxspec.drafters.load import save_drafter
 
     m, cfg = _tiny_drafter(0)
     good = tmp_path / "d.gguf"
@@ -185,7 +185,7 @@ def test_tokenizer_save_hf_golden_vocabs(tmp_path, name, detok, golden_models):
     from conftest_vocab import GOLDEN_SEPARATOR
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-    from mlxspec.loading.tokenizer import load_gguf_tokenizer, read_gguf_metadata
+    from mlxspec.tokenizer.build import load_gguf_tokenizer, read_gguf_metadata
 
     vocab = golden_models / f"ggml-vocab-{name}.gguf"
     inp = Path(str(vocab) + ".inp")
@@ -206,7 +206,7 @@ def test_convert_tiny_loads_in_mlx_lm(tmp_path, dtype):
     """`mlxspec convert`: mlx_lm loads the directory and computes the same logits as mlxspec."""
     import mlx_lm
 
-    from mlxspec.loading.target import load_target
+    from mlxspec.targets.load import load_target
 
     src = tmp_path / "tiny.gguf"
     write_tiny_model(src, "Q4_0")

@@ -15,12 +15,12 @@ from conftest import write_tiny_model
 
 from mlxspec import api
 from mlxspec.evaluate import merged_tau, run_prompts
-from mlxspec.loading.target import load_target
-from mlxspec.spec.drafters import BlockDrafter, target_head_rows
-from mlxspec.spec.engine import SpecStats, generate_steps
-from mlxspec.spec.verify import SamplingParams
+from mlxspec.targets.load import load_target
+from mlxspec.engine.drafting import BlockDrafter, target_head_rows
+from mlxspec.engine.loop import SpecStats, generate_steps
+from mlxspec.engine.verify import SamplingParams
 
-SHIPPED_DSPARK = os.path.join(os.path.dirname(__file__), "..", "mlxspec", "drafters", "smollm2-135m-dspark")
+SHIPPED_DSPARK = os.path.join(os.path.dirname(__file__), "..", "mlxspec", "weights", "smollm2-135m-dspark")
 
 
 # ----------------------------------------------------------------------------- BOS, as mlx-lm
@@ -28,7 +28,7 @@ SHIPPED_DSPARK = os.path.join(os.path.dirname(__file__), "..", "mlxspec", "draft
 @pytest.fixture(scope="module")
 def spm_tok(golden_models):
     """llama.cpp's llama-spm vocabulary: a tokenizer that adds BOS."""
-    from mlxspec.loading.tokenizer import load_gguf_tokenizer, read_gguf_metadata
+    from mlxspec.tokenizer.build import load_gguf_tokenizer, read_gguf_metadata
 
     tok = load_gguf_tokenizer(read_gguf_metadata(golden_models / "ggml-vocab-llama-spm.gguf"))
     assert tok.add_bos and tok.bos_token == "<s>"

@@ -68,8 +68,8 @@ def launch(job: dict, tmp: Path, timeout: float = 400) -> dict:
 
 
 def tiny_drafter(path: Path) -> str:
-    from mlxspec.loading.drafter import save_drafter
-    from mlxspec.models.dflash import DFlashModel, DrafterConfig
+    from mlxspec.drafters.load import save_drafter
+    from mlxspec.drafters.model import DFlashModel, DrafterConfig
 
     cfg = DrafterConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
                         num_key_value_heads=2, head_dim=16, block_size=4, target_layer_ids=[0, 2],
@@ -120,7 +120,7 @@ def test_tiny_equals_single_process(tiny, rid):
 
 
 def test_smollm2_pipeline_equals_single_process(smollm2_path, tmp_path):
-    from mlxspec.loading.target import load_target
+    from mlxspec.targets.load import load_target
 
     _, tok = load_target(str(smollm2_path))
     text = tok.apply_chat_template([{"role": "user", "content": "Write a Python function that reverses a string."}],

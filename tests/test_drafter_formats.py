@@ -16,10 +16,10 @@ import pytest
 from mlx.utils import tree_unflatten
 
 from mlxspec.errors import MlxspecError
-from mlxspec.loading.drafter import load_drafter, model_tensors, save_drafter
-from mlxspec.loading.gguf_file import read_gguf
-from mlxspec.models.dflash import DFlashModel, DrafterConfig
-from mlxspec.models.target import TargetInfo
+from mlxspec.drafters.load import load_drafter, model_tensors, save_drafter
+from mlxspec.gguf.file import read_gguf
+from mlxspec.drafters.model import DFlashModel, DrafterConfig
+from mlxspec.targets.model import TargetInfo
 
 V, H = 512, 64
 TAPS = [1, 3, 5]

@@ -11,8 +11,8 @@ import os
 import pytest
 
 from mlxspec.errors import MlxspecError
-from mlxspec.loading.drafter import load_drafter, resolve_layout
-from mlxspec.models.target import TargetInfo
+from mlxspec.drafters.load import load_drafter, resolve_layout
+from mlxspec.targets.model import TargetInfo
 from test_drafter_formats import edit_config, make_cfg, make_model, rewrite_gguf, write
 
 # ----------------------------------------------------------------------------- the table

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 from mlx.utils import tree_map
 
-from mlxspec.models.dflash import DFlashModel, DraftOutput, DrafterConfig
-from mlxspec.models.target import Target, cache_length
-from mlxspec.spec import engine
-from mlxspec.spec.drafters import BlockDrafter, SimpleDrafter
-from mlxspec.spec.engine import InvariantError, SpecStats, choose_verify_length, generate_steps, truncate_p_min
-from mlxspec.spec.verify import SamplingParams, probs_from_logits, sample_token
+from mlxspec.drafters.model import DFlashModel, DraftOutput, DrafterConfig
+from mlxspec.targets.model import Target, cache_length
+from mlxspec.engine import loop as engine
+from mlxspec.engine.drafting import BlockDrafter, SimpleDrafter
+from mlxspec.engine.loop import InvariantError, SpecStats, choose_verify_length, generate_steps, truncate_p_min
+from mlxspec.engine.verify import SamplingParams, probs_from_logits, sample_token
 
 MAX = 24
 PROMPT = "The capital of France is"

@@ -116,7 +116,7 @@ def _patch(data: bytes, layout, kind: str, index: int, value: bytes) -> bytes:
 
 
 def test_gguf_tensor_table_errors_name_the_tensor(fx, tmp_path):
-    from mlxspec.loading.gguf_file import read_gguf
+    from mlxspec.gguf.file import read_gguf
 
     p = tmp_path / "t.gguf"
     offs = [x for x in fx.layout if x[0] == "t_offset"]
@@ -130,7 +130,7 @@ def test_gguf_tensor_table_errors_name_the_tensor(fx, tmp_path):
 
 
 def test_gguf_metadata_is_typed_and_ranged(fx, tmp_path):
-    from mlxspec.loading.gguf_target import load_gguf_target
+    from mlxspec.targets.gguf import load_gguf_target
 
     cases = [("llama.attention.head_count", fh.U32, 0, "llama.attention.head_count is 0, expected an integer in "
                                                        "[1, 1048576]"),
@@ -167,7 +167,7 @@ def _drafter_copy(fx, tmp_path, config=None, tensors=None):
 
 
 def test_drafter_config_and_weights(fx, tmp_path):
-    from mlxspec.loading.drafter import load_drafter
+    from mlxspec.drafters.load import load_drafter
 
     def err(**kw):
         with pytest.raises(MlxspecError) as e:
@@ -194,7 +194,7 @@ def test_drafter_config_and_weights(fx, tmp_path):
 
 
 def test_verification_never_emits_from_nonfinite_probabilities():
-    from mlxspec.spec.verify import accept_sampled, sample_token
+    from mlxspec.engine.verify import accept_sampled, sample_token
 
     rng = np.random.default_rng(0)
     p = np.full((2, 4), 0.25)

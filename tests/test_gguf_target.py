@@ -18,9 +18,9 @@ import pytest
 from conftest import TINY, hf_name, llama_cpp_permute, write_gguf, write_tiny_model, tiny_tensors
 
 from mlxspec.errors import MlxspecError
-from mlxspec.loading.gguf_target import load_gguf_target
-from mlxspec.loading.target import load_target
-from mlxspec.models.target import trim_cache
+from mlxspec.targets.gguf import load_gguf_target
+from mlxspec.targets.load import load_target
+from mlxspec.targets.model import trim_cache
 
 
 # ----------------------------------------------------------------------------- numpy references
@@ -302,7 +302,7 @@ def test_trim_then_reforward_identical(smollm2):
 # ----------------------------------------------------------------------------- SmolLM2
 
 def test_smollm2_greedy_paris(smollm2):
-    from mlxspec.spec.engine import generate_steps
+    from mlxspec.engine.loop import generate_steps
 
     target, tok = smollm2
     prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
@@ -354,7 +354,7 @@ def test_smollm2_perplexity(smollm2, ppl_ids):
 
 def test_smollm2_wrong_rope_layout_is_far_worse(smollm2_path, ppl_ids, monkeypatch):
     """Skipping the Q/K un-permute (RoPE pairs in the wrong layout) must be caught by the bound."""
-    import mlxspec.loading.gguf_target as gt
+    import mlxspec.targets.gguf as gt
 
     monkeypatch.setattr(gt, "_unpermute", lambda x, n_head: x)
     wrong, _ = load_target(str(smollm2_path))

@@ -23,13 +23,14 @@ import numpy as np
 import pytest
 
 from mlxspec import kernels
-from mlxspec.loading import gguf_target, lowbit
-from mlxspec.models.dflash import DFlashModel, DrafterConfig
-from mlxspec.models.lowbit_linear import NativeLowBitLinear
-from mlxspec.models.target import Target, dequantize_model
-from mlxspec.spec import drafters
-from mlxspec.spec.drafters import BlockDrafter
-from mlxspec.spec.verify import SamplingParams, probs_from_logits
+from mlxspec.gguf import quants as lowbit
+from mlxspec.targets import gguf as gguf_target
+from mlxspec.drafters.model import DFlashModel, DrafterConfig
+from mlxspec.targets.lowbit_linear import NativeLowBitLinear
+from mlxspec.targets.model import Target, dequantize_model
+from mlxspec.engine import drafting as drafters
+from mlxspec.engine.drafting import BlockDrafter
+from mlxspec.engine.verify import SamplingParams, probs_from_logits
 
 # ----------------------------------------------------------------------------- a tiny low-bit GGUF
 

@@ -7,7 +7,7 @@ import pytest
 from mlxspec import kernels
 from mlxspec.kernels import lowbit as klowbit
 from mlxspec.kernels import markov as kmarkov
-from mlxspec.loading import lowbit as L
+from mlxspec.gguf import quants as L
 
 
 def test_reference_can_be_forced(monkeypatch):

@@ -9,7 +9,7 @@ from mlxspec import kernels
 from mlxspec.kernels import lowbit as klowbit
 from mlxspec.kernels import markov as kmarkov
 from mlxspec.kernels._launch import runner
-from mlxspec.loading import lowbit as L
+from mlxspec.gguf import quants as L
 
 BACKEND = kernels.backend()
 pytestmark = pytest.mark.skipif(

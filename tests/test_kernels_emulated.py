@@ -13,7 +13,7 @@ from metal_shim.emulator import Emulator, EmulatorError
 from mlxspec.kernels import lowbit as klowbit
 from mlxspec.kernels import markov as kmarkov
 from mlxspec.kernels._launch import KernelSpec
-from mlxspec.loading import lowbit as L
+from mlxspec.gguf import quants as L
 
 pytestmark = pytest.mark.skipif(shutil.which("g++") is None, reason="g++ is needed to build the emulator")
 

@@ -10,7 +10,7 @@ import pytest
 from metal_shim.emulator import EmulatorError, nvcc_compile
 from mlxspec.kernels import lowbit as klowbit
 from mlxspec.kernels import markov as kmarkov
-from mlxspec.loading import lowbit as L
+from mlxspec.gguf import quants as L
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
 

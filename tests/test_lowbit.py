@@ -4,7 +4,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxspec.loading import lowbit as L
+from mlxspec.gguf import quants as L
 
 TYPES = [L.Q1_0, L.Q2_0, L.PQ2_0, L.PTQ1_0]
 

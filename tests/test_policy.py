@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlxspec.spec.drafters import BlockDrafter
-from mlxspec.spec.engine import SpecStats, generate_steps
-from mlxspec.spec.ngram import LookupBlockDrafter, NgramDrafter, NgramIndex
-from mlxspec.spec.policy import (AcceptanceEstimate, Calibration, VerifyPolicy, best_length, expected_tokens,
+from mlxspec.engine.drafting import BlockDrafter
+from mlxspec.engine.loop import SpecStats, generate_steps
+from mlxspec.engine.ngram import LookupBlockDrafter, NgramDrafter, NgramIndex
+from mlxspec.engine.policy import (AcceptanceEstimate, Calibration, VerifyPolicy, best_length, expected_tokens,
                                  stopping_length)
-from mlxspec.spec.verify import SamplingParams
+from mlxspec.engine.verify import SamplingParams
 
 from test_engine import (N_TOKENS, PROMPT, TINY_PROMPT, V, Oracle, distribution_check, exact_distribution,
                          random_drafter, run, tiny)  # noqa: F401  (tiny is a fixture)

@@ -411,7 +411,7 @@ def test_prompt_cache_prefix_copy_and_lru(kind, wrap):
     from mlxspec.server.prompt_cache import PromptCache
 
     if wrap == "TargetCache":  # what Target.make_cache() returns (caches + rollback log)
-        wrap = pytest.importorskip("mlxspec.models.rollback").TargetCache
+        wrap = pytest.importorskip("mlxspec.targets.rollback").TargetCache
     else:
         wrap = list
     pc = PromptCache(max_bytes=1 << 30)

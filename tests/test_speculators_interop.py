@@ -24,10 +24,10 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxspec.loading.drafter import load_drafter, save_drafter
-from mlxspec.models.dflash import DFlashModel, DrafterConfig
-from mlxspec.spec.drafters import BlockDrafter
-from mlxspec.spec.verify import SamplingParams
+from mlxspec.drafters.load import load_drafter, save_drafter
+from mlxspec.drafters.model import DFlashModel, DrafterConfig
+from mlxspec.engine.drafting import BlockDrafter
+from mlxspec.engine.verify import SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VENV = ROOT / ".cache" / "venv-speculators"
 REQUIREMENTS = ("torch==2.13.0", "speculators==0.9.0")
 CHECK = Path(__file__).with_name("speculators_check.py")
-SHIPPED = ROOT / "mlxspec" / "drafters"
+SHIPPED = ROOT / "mlxspec" / "weights"
 
 
 @pytest.fixture(scope="session")
@@ -78,7 +78,7 @@ def _mlxspec_drafts(target, tok, path, prompt):
 def verifier_dir(smollm2, tmp_path_factory) -> Path:
     """The tensors speculators takes from the verifier (embedding = tied head, final norm), as an
     HF-style directory: stands in for the Hugging Face download, the tests run offline."""
-    from mlxspec.spec.drafters import target_head_rows
+    from mlxspec.engine.drafting import target_head_rows
 
     target, _ = smollm2
     d = tmp_path_factory.mktemp("verifier")

@@ -18,12 +18,12 @@ import pytest
 from tiny_targets import ARCHS, WINDOW, tiny_model, tiny_target
 
 from mlxspec.errors import MlxspecError
-from mlxspec.models.dflash import DraftOutput
-from mlxspec.models.rollback import cache_kind
-from mlxspec.models.target import Target, cache_length, trim_cache
-from mlxspec.spec.drafters import SimpleDrafter
-from mlxspec.spec.engine import SpecStats, generate_steps
-from mlxspec.spec.verify import SamplingParams
+from mlxspec.drafters.model import DraftOutput
+from mlxspec.targets.rollback import cache_kind
+from mlxspec.targets.model import Target, cache_length, trim_cache
+from mlxspec.engine.drafting import SimpleDrafter
+from mlxspec.engine.loop import SpecStats, generate_steps
+from mlxspec.engine.verify import SamplingParams
 
 PROMPT = [5, 9, 2, 7, 11, 3, 8]  # longer than WINDOW
 
@@ -295,15 +295,15 @@ def test_hub_ids_resolve_from_the_local_cache_offline(tmp_path):
 
 
 def test_draft_auto_picks_the_registry_drafter_and_validates_it(tmp_path):
-    """--draft auto on a hub target takes its drafter from mlxspec/drafters/registry.json
+    """--draft auto on a hub target takes its drafter from mlxspec/data/registry.json
     (here z-lab's repo id for Qwen3-8B, holding a tiny random DFlash drafter in the offline
     cache); the output is the target's; `inspect` shows the pairing; a drafter that does not
     fit its target is refused in one line."""
     import test_engine as te
     from tiny_targets import hub_snapshot_dir, write_hub_repo
 
-    from mlxspec.loading.drafter import save_drafter
-    from mlxspec.registry import lookup, model_name
+    from mlxspec.drafters.load import save_drafter
+    from mlxspec.drafters.registry import lookup, model_name
 
     assert model_name("mlx-community/Qwen3-8B-4bit") == "qwen3-8b"
     assert lookup("mlx-community/Qwen3-8B-4bit")["drafter"] == "z-lab/Qwen3-8B-DFlash-b16"

@@ -20,7 +20,7 @@ from conftest_vocab import (  # noqa: E402
 )
 
 from mlxspec.errors import MlxspecError  # noqa: E402
-from mlxspec.loading.tokenizer import (  # noqa: E402
+from mlxspec.tokenizer.build import (  # noqa: E402
     BPE_PRE_TOKENIZERS,
     SUPPORTED_MODELS,
     VERIFIED_BPE_PRE,
@@ -278,7 +278,7 @@ def test_hf_missing(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 def _tiny_gpt2(as_numpy: bool, pre="gpt-2", **extra):
-    from mlxspec.loading.tokenizer import _BYTE_ENCODER
+    from mlxspec.tokenizer.build import _BYTE_ENCODER
 
     chars = [_BYTE_ENCODER[b] for b in range(256)]
     merged = ["Ġt", "he", "Ġthe", "Ġw", "or", "Ġwor", "ld", "Ġworld"]

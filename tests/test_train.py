@@ -10,9 +10,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxspec.loading.drafter import load_drafter
-from mlxspec.spec.drafters import BlockDrafter
-from mlxspec.spec.verify import SamplingParams
+from mlxspec.drafters.load import load_drafter
+from mlxspec.engine.drafting import BlockDrafter
+from mlxspec.engine.verify import SamplingParams
 from mlxspec.train.data import load_shards, prepare_generated_shards
 from mlxspec.train.export import export_all
 from mlxspec.train.trainer import TrainConfig, train

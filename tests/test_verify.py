@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxspec.spec.verify import SamplingParams, accept_greedy, accept_sampled, probs_from_logits, sample_token
+from mlxspec.engine.verify import SamplingParams, accept_greedy, accept_sampled, probs_from_logits, sample_token
 
 DELTA = 1e-4
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx.utils import tree_map
 
-from mlxspec.models.target import Target
+from mlxspec.targets.model import Target
 
 WINDOW = 4  # sliding window, smaller than every test context
 

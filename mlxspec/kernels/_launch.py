@@ -4,7 +4,7 @@ A kernel is declared once as a `KernelSpec` (name, input and output names, the s
 source files); each call is planned as a `Launch` (grid and threadgroup in threads, template
 arguments, output shapes and dtypes). The same spec and plan are run by
 mx.fast.metal_kernel (source `mlxspec/metal/<stem>.metal`), by mx.fast.cuda_kernel (source
-`mlxspec/kernels/cuda/<stem>.cu`), or, in the tests, by the CPU emulator in tests/metal_shim.
+`mlxspec/cuda/<stem>.cu`), or, in the tests, by the CPU emulator in tests/metal_shim.
 
 A source file holds an optional header (helper functions) and the kernel body, separated by
 the line `// ---- kernel body ----`. The body is what mx.fast wraps in a generated function
@@ -23,7 +23,7 @@ import mlx.core as mx
 
 BODY_MARKER = "// ---- kernel body ----"
 _ROOT = Path(__file__).resolve().parent.parent
-SOURCE_DIRS = {"metal": _ROOT / "metal", "cuda": _ROOT / "kernels" / "cuda"}
+SOURCE_DIRS = {"metal": _ROOT / "metal", "cuda": _ROOT / "cuda"}
 SOURCE_SUFFIX = {"metal": ".metal", "cuda": ".cu"}
 
 ENV_VAR = "MLXSPEC_KERNELS"

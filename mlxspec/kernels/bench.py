@@ -24,7 +24,7 @@ import numpy as np
 from mlxspec.kernels import lowbit as klowbit
 from mlxspec.kernels import markov as kmarkov
 from mlxspec.kernels._launch import runner
-from mlxspec.loading import lowbit as L
+from mlxspec.gguf import quants as L
 
 # (name, N = output features, K = input features)
 SHAPES = [("q/o 4096x4096", 4096, 4096), ("up/gate 4096->12288", 12288, 4096), ("down 12288->4096", 4096, 12288)]

@@ -1,6 +1,6 @@
 """Low-bit matmul reading GGUF-native blocks: y[M, N] = x[M, K] @ W[N, K]^T.
 
-Types: Q1_0 (41), Q2_0 (42), PQ2_0 (142), PTQ1_0 (143); layouts in mlxspec/loading/lowbit.py.
+Types: Q1_0 (41), Q2_0 (42), PQ2_0 (142), PTQ1_0 (143); layouts in mlxspec/gguf/quants.py.
 The kernel is tuned for M = 1..32 activation rows (decode and block verify); larger M works
 but re-reads the weights once per TM rows.
 """
@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxspec.kernels._launch import KernelSpec, Launch
-from mlxspec.loading.lowbit import BLOCKS, block_layout, row_bytes
+from mlxspec.gguf.quants import BLOCKS, block_layout, row_bytes
 
 SPEC = KernelSpec(name="mlxspec_lowbit_matmul", inputs=("x", "w", "params"), outputs=("y",),
                   stem="lowbit_matmul")

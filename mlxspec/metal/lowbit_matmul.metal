@@ -1,5 +1,5 @@
 // y[M, N] = x[M, K] @ W[N, K]^T with W in GGUF low-bit blocks, read as stored (no repack).
-// Block layouts: mlxspec/loading/lowbit.py. Kept inside the emulator subset
+// Block layouts: mlxspec/gguf/quants.py. Kept inside the emulator subset
 // (mlxspec/kernels/README.md): scalar types, simd_sum, no vector types.
 
 #include <metal_stdlib>

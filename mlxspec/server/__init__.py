@@ -5,6 +5,6 @@
 - `prompt_cache`: the LRU prefix cache of target KV caches and drafter context.
 """
 
-from .app import add_serve_args, cmd_serve
+from mlxspec.server.app import add_serve_args, cmd_serve
 
 __all__ = ["add_serve_args", "cmd_serve"]

@@ -24,8 +24,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
-from ..errors import MlxspecError
-from .worker import Job, Worker
+from mlxspec.errors import MlxspecError
+from mlxspec.server.worker import Job, Worker
 
 
 class APIError(Exception):
@@ -502,7 +502,7 @@ def build_app(server: Server) -> Starlette:
 # ------------------------------------------------------------------------------ command line
 
 def add_serve_args(p):
-    from ..cli import _add_model_args, _add_sampling_args
+    from mlxspec.cli import _add_model_args, _add_sampling_args
 
     _add_model_args(p)
     _add_sampling_args(p)  # the defaults of requests that leave a field out (as `generate`'s)
@@ -535,7 +535,7 @@ def _size(s) -> int:
 def cmd_serve(a) -> int:
     import uvicorn
 
-    from ..cli import check_blas
+    from mlxspec.cli import check_blas
 
     check_blas()
     for name, v, lo in (("--port", a.port, 0), ("--max-queue", a.max_queue, 1), ("--max-tokens-limit", a.max_tokens_limit, 1),

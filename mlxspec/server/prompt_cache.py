@@ -26,7 +26,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache
 
-from ..models.target import cache_length, trim_cache
+from mlxspec.targets.model import cache_length, trim_cache
 
 
 def common_prefix(a, b) -> int:

@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from ..errors import MlxspecError
+from mlxspec.errors import MlxspecError
 
 
 DEFAULT_TOKENS = "code=650000,prose=520000,fortunes=130000"
@@ -76,7 +76,7 @@ def _parse_kv(s: str) -> dict:
 
 def check_train_args(a) -> None:
     """Range-check the train flags before minutes of loading and data preparation."""
-    from ..validate import MAX_BLOCK, check_float_arg, check_int_arg
+    from mlxspec.validate import MAX_BLOCK, check_float_arg, check_int_arg
 
     check_int_arg("--steps", a.steps, 1)
     check_int_arg("--block-size", a.block_size, 1, MAX_BLOCK)
@@ -106,11 +106,11 @@ def check_train_args(a) -> None:
 
 
 def cmd_train(a) -> int:
-    from ..cli import check_blas
-    from ..loading.target import load_target
-    from .data import DEFAULT_SOURCES, prepare_generated_shards, prepare_shards
-    from .export import export_all
-    from .trainer import TrainConfig, train
+    from mlxspec.cli import check_blas
+    from mlxspec.targets.load import load_target
+    from mlxspec.train.data import DEFAULT_SOURCES, prepare_generated_shards, prepare_shards
+    from mlxspec.train.export import export_all
+    from mlxspec.train.trainer import TrainConfig, train
 
     check_train_args(a)
     check_blas()
@@ -126,7 +126,7 @@ def cmd_train(a) -> int:
                 raise MlxspecError(f"--corpus expects CATEGORY=GLOB, got {c!r}")
             sources.setdefault(k, []).append(g)
         budget = {k: v for k, v in budget.items() if k in sources} or {k: 50_000 for k in sources}
-    from ..cache import cache_dir
+    from mlxspec.cache import cache_dir
 
     name = Path(target.info.source).stem
     data = Path(a.data) if a.data else (
@@ -166,7 +166,7 @@ def cmd_train(a) -> int:
     report = {"train_config": asdict(tc), "train_seconds_this_run": train_s,
               "history": info["history"], "exports": [str(p) for p in paths]}
     if a.eval_prompts:
-        from ..evaluate import evaluate_drafter
+        from mlxspec.evaluate import evaluate_drafter
 
         report["eval"] = evaluate_drafter(target, tok, paths[0], n_per_category=a.eval_prompts)
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str))

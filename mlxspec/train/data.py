@@ -152,7 +152,7 @@ def prepare_shards(
     """
     from tqdm import tqdm
 
-    from ..errors import MlxspecError
+    from mlxspec.errors import MlxspecError
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -230,7 +230,7 @@ def stream_progress(path: str | os.PathLike) -> tuple[int, int, float]:
 def load_shards(path: str | os.PathLike, max_windows: int | None = None) -> dict[str, np.ndarray]:
     """Training data as arrays: a streamed store (memory-mapped, its completed rows only)
     or the older directory of `shard_XXXX.npz` files."""
-    from ..errors import MlxspecError
+    from mlxspec.errors import MlxspecError
 
     p = Path(path)
     if (p / "progress.json").exists():

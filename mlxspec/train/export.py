@@ -25,7 +25,7 @@ def to_float16(model):
 def export_all(model, cfg, out: str | Path, target=None) -> list[Path]:
     """target: the Target trained against (the speculators export records it as the
     verifier and, with a reduced vocabulary, writes its head rows as lm_head.weight)."""
-    from ..loading.drafter import save_drafter
+    from mlxspec.drafters.load import save_drafter
 
     out = Path(out)
     to_float16(model)

@@ -29,7 +29,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
 
-from ..models.dflash import DFlashModel, DrafterConfig
+from mlxspec.drafters.model import DFlashModel, DrafterConfig
 
 
 @dataclass
@@ -230,7 +230,7 @@ def train(
     a non-empty out_dir without one is refused unless `force`."""
     from tqdm import tqdm
 
-    from .data import load_shards
+    from mlxspec.train.data import load_shards
 
     out = Path(out_dir)
     check_out_dir(out, tc, resume, force)
@@ -352,7 +352,7 @@ def warm_start_from_target(model: DFlashModel, target, taps: list) -> None:
 
 def _target_head(target) -> mx.array:
     """The target's LM head, dense float32 (dequantized when the target is quantized)."""
-    from ..spec.drafters import target_head_rows
+    from mlxspec.engine.drafting import target_head_rows
 
     return target_head_rows(target, None)
 
@@ -360,7 +360,7 @@ def _target_head(target) -> mx.array:
 def check_out_dir(out: Path, tc: TrainConfig, resume: bool, force: bool) -> None:
     """--out safety: resume only a checkpoint trained with the same settings (all but the
     step budget); refuse a non-empty directory holding none unless `force`."""
-    from ..errors import MlxspecError
+    from mlxspec.errors import MlxspecError
 
     state = out / "ckpt" / "state.json"
     if resume and state.exists():

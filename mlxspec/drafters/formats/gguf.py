@@ -26,11 +26,11 @@ import re
 import mlx.core as mx
 import numpy as np
 
-from .. import validate as V
-from ..errors import MlxspecError
-from ..models.dflash import DrafterConfig
-from .drafter import RawDrafter, claim_tensors, model_tensors, parse_flag, to_mx
-from .gguf_file import GGUFFile, TensorInfo, read_gguf, type_name
+from mlxspec import validate as V
+from mlxspec.errors import MlxspecError
+from mlxspec.drafters.model import DrafterConfig
+from mlxspec.drafters.load import RawDrafter, claim_tensors, model_tensors, parse_flag, to_mx
+from mlxspec.gguf.file import GGUFFile, TensorInfo, read_gguf, type_name
 
 _LAYER = {
     "input_layernorm": "attn_norm",
@@ -140,7 +140,7 @@ def _tensor_array(g: GGUFFile, info: TensorInfo):
     if t in (24, 25, 26, 27):
         return np.frombuffer(raw, dtype={24: "<i1", 25: "<i2", 26: "<i4", 27: "<i8"}[t]).reshape(shape)
     if t in (41, 42, 142, 143):
-        from . import lowbit
+        from mlxspec.gguf import quants as lowbit
 
         rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
         return lowbit.dequantize(t, raw, (rows, shape[-1])).reshape(shape).astype(np.float16)

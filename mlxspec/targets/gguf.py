@@ -30,8 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import MlxspecError
-from .gguf_file import GGUFFile, TensorInfo, read_gguf
+from mlxspec.errors import MlxspecError
+from mlxspec.gguf.file import GGUFFile, TensorInfo, read_gguf
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
 
@@ -134,7 +134,7 @@ class Converted:
 
 
 def _lowbit():
-    from . import lowbit  # written alongside the kernel layer
+    from mlxspec.gguf import quants as lowbit  # written alongside the kernel layer
 
     return lowbit
 
@@ -190,7 +190,7 @@ def gguf_config(g: GGUFFile) -> dict:
             f"supported: {', '.join(SUPPORTED_ARCHS)}"
         )
 
-    from .. import validate as V
+    from mlxspec import validate as V
 
     where = g.path
 
@@ -372,7 +372,7 @@ NATIVE_ENV = "MLXSPEC_NATIVE_LOWBIT"
 
 
 def _kernel_backend() -> str:
-    from .. import kernels
+    from mlxspec import kernels
 
     return kernels.backend()
 
@@ -418,7 +418,7 @@ def load_gguf_target(path: str, native_lowbit: bool | None = None, dense: bool =
     import mlx.nn as nn
     from mlx_lm.utils import _get_classes
 
-    from ..models.lowbit_linear import NativeLowBitLinear
+    from mlxspec.targets.lowbit_linear import NativeLowBitLinear
 
     g = read_gguf(path)
     cfg = gguf_config(g)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from ..models.dflash import DraftOutput
+from mlxspec.drafters.model import DraftOutput
 
 
 class NgramIndex:

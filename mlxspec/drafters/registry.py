@@ -1,4 +1,4 @@
-"""`--draft auto`: the known published drafter for a target, from mlxspec/drafters/registry.json
+"""`--draft auto`: the known published drafter for a target, from mlxspec/data/registry.json
 (a small, versioned table: z-lab's DFlash repos and mlxspec's shipped drafters).
 
 The target is matched on its model name: a hub id or path without the owner/parent and
@@ -13,7 +13,7 @@ import json
 import re
 from pathlib import Path
 
-REGISTRY = Path(__file__).parent / "drafters" / "registry.json"
+REGISTRY = Path(__file__).parent.parent / "data" / "registry.json"
 _SUFFIX = re.compile(r"([-_.](\d+bit|bf16|fp16|f16|f32|fp8|mxfp4|nvfp4|dwq|mlx|awq|gptq|q\d(_k)?(_[msl])?|gguf))+$",
                      re.IGNORECASE)
 
@@ -42,7 +42,7 @@ def lookup(target: str) -> dict | None:
             e = dict(e)
             d = e["drafter"]
             if d.startswith("shipped:"):
-                e["path"] = str(Path(__file__).parent / "drafters" / d.split(":", 1)[1])
+                e["path"] = str(Path(__file__).parent.parent / "weights" / d.split(":", 1)[1])
             else:
                 e["path"] = d
             return e

@@ -31,7 +31,7 @@ from __future__ import annotations
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, ConcatenateKVCache, KVCache, QuantizedKVCache, RotatingKVCache
 
-from ..errors import MlxspecError
+from mlxspec.errors import MlxspecError
 
 MAX_LOG = 16
 # Recurrent layers' inputs are kept for a partial rollback only for forwards up to this

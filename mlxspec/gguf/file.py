@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import MlxspecError
-from ..validate import is_power_of_two, require_regular_file
+from mlxspec.errors import MlxspecError
+from mlxspec.validate import is_power_of_two, require_regular_file
 
 GGUF_MAGIC = b"GGUF"
 

@@ -25,8 +25,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
-from ..errors import MlxspecError
-from .rollback import REPLAY_MAX, TargetCache, cache_kind, slice_rows
+from mlxspec.errors import MlxspecError
+from mlxspec.targets.rollback import REPLAY_MAX, TargetCache, cache_kind, slice_rows
 
 
 @dataclass
@@ -254,7 +254,7 @@ def dense_weight(m: nn.Module, dtype=mx.float32) -> mx.array:
     first: `mx.dequantize` computes in the dtype of the scales, so with the GGUF blocks'
     float16 scales every weight would be rounded to float16. In float32, q * scale + bias
     reproduces `gguf.quants.dequantize` bit for bit (Q4_0 / Q4_1 / Q8_0 / low-bit repacks)."""
-    from .lowbit_linear import NativeLowBitLinear
+    from mlxspec.targets.lowbit_linear import NativeLowBitLinear
 
     if isinstance(m, NativeLowBitLinear):
         return m.dense(dtype)
@@ -277,7 +277,7 @@ def dequantize_model(model: nn.Module, dtype=mx.float32) -> nn.Module:
     Also densifies `NativeLowBitLinear` layers (raw GGUF low-bit blocks) exactly, with
     `loading.lowbit.dequantize`.
     """
-    from .lowbit_linear import NativeLowBitLinear
+    from mlxspec.targets.lowbit_linear import NativeLowBitLinear
 
     def dense(m):
         if isinstance(m, NativeLowBitLinear):

@@ -54,7 +54,7 @@ def probs_from_logits(logits: mx.array, sp: SamplingParams) -> mx.array:
 
 
 def _nonfinite(who: str = "the target") -> Exception:
-    from ..errors import MlxspecError
+    from mlxspec.errors import MlxspecError
 
     return MlxspecError(f"{who} produced non-finite (NaN/Inf) logits or probabilities; its weights are "
                         "corrupt or overflow in this precision: re-download or re-convert the model")

@@ -17,7 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..loading import lowbit
+from mlxspec.gguf import quants as lowbit
 
 TYPE_IDS = tuple(lowbit.BLOCKS)  # 41, 42, 142, 143
 
@@ -66,7 +66,7 @@ class NativeLowBitLinear(nn.Module):
         return mx.array(lowbit.dequantize(self.type_id, raw, self.shape)).astype(dtype)
 
     def __call__(self, x: mx.array) -> mx.array:
-        from .. import kernels
+        from mlxspec import kernels
 
         y = kernels.lowbit_matmul(x, self.weight, self.type_id, self.shape)
         if "bias" in self:

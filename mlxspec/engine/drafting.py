@@ -20,10 +20,10 @@ from typing import Protocol
 import mlx.core as mx
 import numpy as np
 
-from .. import kernels
-from ..models.dflash import DFlashModel, DraftOutput
-from ..models.target import Target, dense_weight, trim_cache
-from .verify import SamplingParams, probs_from_logits, sample_token
+from mlxspec import kernels
+from mlxspec.drafters.model import DFlashModel, DraftOutput
+from mlxspec.targets.model import Target, dense_weight, trim_cache
+from mlxspec.engine.verify import SamplingParams, probs_from_logits, sample_token
 
 
 class Drafter(Protocol):
@@ -74,7 +74,7 @@ class BlockDrafter:
         Only for demonstrating PR #122's failure (tests, experiments): on an anchor-first
         drafter, False drafts every token one row late and acceptance collapses."""
         c = model.config
-        from ..loading.target import default_dense
+        from mlxspec.targets.load import default_dense
 
         if dtype is None and default_dense():
             dtype = mx.float32  # CPU: float16 matmuls are several times slower than float32 BLAS

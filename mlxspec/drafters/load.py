@@ -23,9 +23,9 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from ..errors import MlxspecError
-from ..models.dflash import DFlashModel, DrafterConfig
-from ..models.target import TargetInfo
+from mlxspec.errors import MlxspecError
+from mlxspec.drafters.model import DFlashModel, DrafterConfig
+from mlxspec.targets.model import TargetInfo
 
 REQUESTED = ("auto", "draft-dflash", "draft-dspark")
 FORMATS = ("zlab", "deepspec", "speculators", "gguf", "gguf-dspark-legacy")
@@ -364,7 +364,7 @@ def check_drafter(raw: RawDrafter) -> None:
     head counts, finite weights, reduced-vocabulary ids inside the vocabulary."""
     import math
 
-    from ..validate import MAX_BLOCK, check_finite_weights
+    from mlxspec.validate import MAX_BLOCK, check_finite_weights
 
     cfg, path = raw.cfg, raw.path
     lo = 1 if cfg.sample_from_anchor else 2
@@ -407,14 +407,14 @@ def read_drafter(path, target_vocab: int | None = None) -> RawDrafter:
     target's vocabulary size, for GGUF drafters that name none (they borrow the target's)."""
     import os
 
-    from . import drafter_gguf, drafter_hf
+    from mlxspec.drafters.formats import gguf as drafter_gguf, hf as drafter_hf
 
     path = os.fspath(path)
     if os.path.isdir(path):
         return drafter_hf.read_hf_drafter(path)
     if not os.path.exists(path):
         raise MlxspecError(f"{path}: no such file or directory; pass a drafter directory or .gguf file")
-    from ..validate import require_regular_file
+    from mlxspec.validate import require_regular_file
 
     require_regular_file(path, "drafter file")  # a FIFO would block forever
     with open(path, "rb") as f:
@@ -435,7 +435,7 @@ def load_drafter(path, target_info: TargetInfo | None = None, requested: str = "
     if requested not in REQUESTED:
         raise MlxspecError(f"unknown drafter type {requested!r}; use one of: {', '.join(REQUESTED)}")
     log = sys.stderr if log is None else log
-    from .hub import resolve  # a Hugging Face repo id -> its local snapshot, like mlx_lm
+    from mlxspec.hub import resolve  # a Hugging Face repo id -> its local snapshot, like mlx_lm
 
     path = resolve(str(path), "drafter")
     raw = read_drafter(path, None if target_info is None else target_info.vocab_size)
@@ -469,7 +469,7 @@ def save_drafter(model: DFlashModel, cfg: DrafterConfig, path, fmt: str, target=
     options: `doubled_prefix=True` for gguf-dspark-legacy (`dspark.dspark.*` keys)."""
     import os
 
-    from . import drafter_gguf, drafter_hf
+    from mlxspec.drafters.formats import gguf as drafter_gguf, hf as drafter_hf
 
     path = os.fspath(path)
     if fmt in ("zlab", "deepspec", "speculators"):

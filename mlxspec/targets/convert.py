@@ -18,15 +18,15 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from ..errors import MlxspecError
+from mlxspec.errors import MlxspecError
 
 
 def convert_to_mlx(model_path: str | None, out: str, dtype: str = "keep", force: bool = False) -> Path:
     """force: write into a non-empty `out` (mlxspec's files in it are replaced; others are kept).
     Files are written to a temporary directory inside `out` and renamed into place, so a failed
     run leaves no half-written file and a symlink in `out` is replaced, never written through."""
-    from ..models.target import dequantize_model
-    from .target import load_target, resolve_model_path
+    from mlxspec.targets.model import dequantize_model
+    from mlxspec.targets.load import load_target, resolve_model_path
 
     out_p = Path(out)
     if out_p.exists() and not out_p.is_dir():
@@ -97,7 +97,7 @@ def cached_mlx_copy(gguf: str, dtype: str, root: str | None = None, log=None) ->
     Used by the benchmarks so mlx_lm runs the very same weights."""
     import sys
 
-    from ..cache import cache_dir
+    from mlxspec.cache import cache_dir
 
     src = Path(gguf)
     out = (Path(root) if root else cache_dir() / "bench") / f"{src.stem}-{dtype}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ..errors import MlxspecError
+from mlxspec.errors import MlxspecError
 
 _REPO = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 

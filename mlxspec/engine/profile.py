@@ -13,7 +13,7 @@ import time
 
 import mlx.core as mx
 
-from ..models.target import Target, trim_cache
+from mlxspec.targets.model import Target, trim_cache
 
 
 def _key(target: Target, max_len: int) -> str:
@@ -48,7 +48,7 @@ def measure_verify_sps(target: Target, max_len: int, context: int = 128, repeats
 
 
 def verify_profile(target: Target, max_len: int) -> dict[int, float]:
-    from ..cache import cache_dir
+    from mlxspec.cache import cache_dir
 
     path = cache_dir() / "profiles" / f"{_key(target, max_len)}.json"
     if path.exists():

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from ..errors import MlxspecError
-from ..models.target import Target, dequantize_model
-from .tokenizer import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
+from mlxspec.errors import MlxspecError
+from mlxspec.targets.model import Target, dequantize_model
+from mlxspec.tokenizer.build import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
 
 
 def default_dense() -> bool:
@@ -27,10 +27,10 @@ def _cuda_available() -> bool:
 def resolve_model_path(path: str | None) -> str:
     """None -> the default model; a Hugging Face repo id -> its local snapshot (like mlx_lm)."""
     if path is None:
-        from ..cache import default_model_path
+        from mlxspec.cache import default_model_path
 
         return str(default_model_path())
-    from .hub import resolve
+    from mlxspec.hub import resolve
 
     return resolve(str(path), "model")
 
@@ -49,7 +49,7 @@ def load_target(path: str | None = None, dense: bool | None = None) -> tuple[Tar
     if p.is_dir():
         model, config, tok, notes = _load_dir(p)
     else:
-        from .gguf_target import load_gguf_target
+        from mlxspec.targets.gguf import load_gguf_target
 
         model, config, g, notes = load_gguf_target(str(p), dense=dense)
         tok = load_gguf_tokenizer(g.metadata)
@@ -71,7 +71,7 @@ def _load_dir(p: Path):
     cfg_path = p / "config.json"
     if not cfg_path.exists():
         raise MlxspecError(f"{p}: no config.json; pass an MLX/HF model directory or a .gguf file")
-    from .. import validate as V
+    from mlxspec import validate as V
 
     config = V.read_json_object(cfg_path, "model config.json")
     fix = "fix the model's config.json"

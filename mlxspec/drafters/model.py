@@ -1,7 +1,7 @@
 """DFlash / DSpark block drafters as MLX modules.
 
 One architecture file (mlx-lm's shape): `DrafterConfig` is the single normalised
-config every on-disk format is read into (see `mlxspec/loading/drafter_*.py`), and
+config every on-disk format is read into (see `mlxspec/drafters/formats/`), and
 `DFlashModel` holds the parameters under the z-lab / DeepSpec names (no `model.`
 prefix), so readers only map names in one `sanitize` function per format.
 
@@ -18,7 +18,7 @@ Block layout (`sample_from_anchor`): the block is [anchor, MASK, ..., MASK] at
 positions p..p+B-1 (p = the anchor's position).
 - anchor-first (True): row k predicts position p+k+1 -> B drafts.
 - bonus-anchor (False): row 0 predicts nothing; row j predicts p+j -> B-1 drafts.
-Which one a file uses is decided by `mlxspec.loading.drafter.resolve_layout`, never by
+Which one a file uses is decided by `mlxspec.drafters.load.resolve_layout`, never by
 the type the user asked for.
 """
 

@@ -25,11 +25,11 @@ from typing import Iterator
 import mlx.core as mx
 import numpy as np
 
-from ..models.target import Target, cache_length, trim_cache
-from .drafters import Drafter, NoDrafter
-from .ngram import NgramDrafter, lookup_output
-from .policy import VerifyPolicy
-from .verify import SamplingParams, accept_greedy, argmax_finite, accept_sampled, probs_from_logits, sample_token
+from mlxspec.targets.model import Target, cache_length, trim_cache
+from mlxspec.engine.drafting import Drafter, NoDrafter
+from mlxspec.engine.ngram import NgramDrafter, lookup_output
+from mlxspec.engine.policy import VerifyPolicy
+from mlxspec.engine.verify import SamplingParams, accept_greedy, argmax_finite, accept_sampled, probs_from_logits, sample_token
 
 
 class InvariantError(AssertionError):

@@ -23,10 +23,10 @@ import os
 import mlx.core as mx
 import numpy as np
 
-from .. import validate as V
-from ..errors import MlxspecError
-from ..models.dflash import DrafterConfig
-from .drafter import RawDrafter, claim_tensors, model_tensors, parse_flag, to_mx
+from mlxspec import validate as V
+from mlxspec.errors import MlxspecError
+from mlxspec.drafters.model import DrafterConfig
+from mlxspec.drafters.load import RawDrafter, claim_tensors, model_tensors, parse_flag, to_mx
 
 _FIX = "fix the drafter's config.json or download the drafter again"
 
@@ -489,7 +489,7 @@ def write_hf_drafter(model, cfg: DrafterConfig, path: str, fmt: str, target=None
         if getattr(target, "model", None) is None:
             raise MlxspecError(f"{path}: the speculators format needs lm_head.weight with a reduced vocabulary "
                                "(d2t); pass the Target as target= so its head rows are written")
-        from ..spec.drafters import target_head_rows
+        from mlxspec.engine.drafting import target_head_rows
 
         d2t = np.asarray(model.d2t).astype(np.int64)
         ids = mx.array((np.arange(d2t.shape[0]) + d2t).astype(np.int32))
