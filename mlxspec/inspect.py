@@ -20,25 +20,27 @@ import io
 import json
 import os
 import re
-import struct
 from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
+from safetensors import SafetensorError, safe_open
 
+from mlxspec.drafters.load import load_drafter
+from mlxspec.drafters.registry import describe
 from mlxspec.errors import MlxspecError
+from mlxspec.gguf.file import read_gguf
+from mlxspec.hub import resolve
+from mlxspec.targets.gguf import SUPPORTED_ARCHS, gguf_config
+from mlxspec.targets.plan import model_classes, plan_target
+from mlxspec.tokenizer.build import load_gguf_tokenizer, load_hf_tokenizer
 
-_AFFINE_KEPT = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
-_LOWBIT_REPACK = {"Q1_0": (1, 128), "Q2_0": (2, 64), "PQ2_0": (2, 128), "PTQ1_0": (2, 128)}
-_PLAIN = ("F32", "F16", "BF16")
 _BIG_META = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
 
 
 def inspect_path(path: str | os.PathLike) -> str:
     """The report for a .gguf file or a model / drafter directory (or a Hugging Face repo id:
     its cached/downloaded snapshot), as text."""
-    from mlxspec.hub import resolve
-
     shown = str(path)
     p = Path(resolve(str(path), "model"))
     if not p.exists():
@@ -47,8 +49,6 @@ def inspect_path(path: str | os.PathLike) -> str:
     lines = report.split("\n")
     at = next((i for i, ln in enumerate(lines) if ln.startswith("  role: target")), None)
     if at is not None:  # the --draft auto pairing (mlxspec/data/registry.json)
-        from mlxspec.drafters.registry import describe
-
         lines.insert(at + 1, f"  drafter (--draft auto): {describe(shown)}")
     return "\n".join(lines)
 
@@ -108,8 +108,6 @@ def _tensor_groups(rows) -> list[str]:
 # ----------------------------------------------------------------------------- GGUF
 
 def _inspect_gguf(p: Path) -> str:
-    from mlxspec.gguf.file import read_gguf
-
     g = read_gguf(p)  # missing / not GGUF / truncated header -> MlxspecError (one line)
     md = g.metadata
     size = p.stat().st_size
@@ -143,8 +141,6 @@ def _inspect_gguf(p: Path) -> str:
 
     arch = g.architecture
     _section(lines, "mlxspec")
-    from mlxspec.targets.gguf import SUPPORTED_ARCHS
-
     if arch in SUPPORTED_ARCHS:
         _gguf_target_view(g, lines, problems)
     elif arch in ("dflash", "dspark"):
@@ -159,50 +155,7 @@ def _inspect_gguf(p: Path) -> str:
     return "\n".join(lines)
 
 
-def _dequantizable(type_id: int) -> bool:
-    try:
-        import gguf
-
-        return gguf.GGMLQuantizationType(type_id) in gguf.quants._type_traits
-    except (ValueError, AttributeError, ImportError):
-        return False
-
-
-def _lowbit_repacked() -> set[str]:
-    """Names of the low-bit types the loader repacks into MLX affine (it decides, not this module)."""
-    from mlxspec.targets import gguf as gguf_target
-    from mlxspec.gguf.file import type_name
-
-    return {type_name(t) for t in getattr(gguf_target, "LOWBIT_TYPES", (41, 42, 142))}
-
-
-def _plan(info) -> tuple[str, int | None, str | None]:
-    """(what the loader does with this tensor, bytes it takes after loading or None, problem or None)."""
-    from mlxspec.gguf.file import GGML_TYPES
-
-    name, n_el = info.type_name, int(np.prod(info.shape)) if info.shape else 1
-    two_d = len(info.shape) == 2
-    if info.type_id not in GGML_TYPES:
-        return "unsupported", None, f"{info.name} has tensor type {name}, which mlxspec cannot read"
-    if name in _PLAIN:
-        return f"{name} as is", n_el * (4 if name in ("F32", "BF16") and not two_d else 2), None
-    if two_d and name in _AFFINE_KEPT:
-        bits = _AFFINE_KEPT[name]
-        return f"kept quantized: MLX affine {bits}-bit, group 32 (lossless)", n_el * bits // 8 + n_el // 32 * 4, None
-    if two_d and name in _lowbit_repacked():
-        bits, group = _LOWBIT_REPACK[name]
-        return (f"repacked bit-exact: MLX affine {bits}-bit, group {group}", n_el * bits // 8 + n_el // group * 4,
-                None)
-    if name in _LOWBIT_REPACK:
-        return "dequantized to float16", n_el * 2, None
-    if _dequantizable(info.type_id):
-        return f"dequantized to float16 with the gguf package", n_el * 2, None
-    return "unsupported", None, f"{info.name} has tensor type {name}, which mlxspec cannot load"
-
-
 def _gguf_target_view(g, lines: list[str], problems: list[str]) -> None:
-    from mlxspec.targets.gguf import gguf_config, gguf_to_hf_name
-
     try:
         cfg = gguf_config(g)
     except MlxspecError as e:
@@ -225,19 +178,18 @@ def _gguf_target_view(g, lines: list[str], problems: list[str]) -> None:
     plan: dict[str, list] = defaultdict(lambda: [0, 0, 0, set()])  # what -> [tensors, file bytes, loaded bytes, types]
     unknown = []
     mapped: dict[str, tuple] = {}
-    for t in g.tensors:
-        hf = gguf_to_hf_name(t.name)
-        if hf is None:
+    for tp in plan_target(g):
+        t = tp.info
+        if tp.name is None:
             unknown.append(t.name)
         else:
-            mapped[hf] = tuple(t.shape)
-        what, loaded, problem = _plan(t)
-        if problem:
-            problems.append(problem)
-        row = plan[what]
+            mapped[tp.name] = tuple(t.shape)
+        if tp.problem:
+            problems.append(tp.problem)
+        row = plan[tp.what]
         row[0] += 1
         row[1] += max(t.nbytes, 0)
-        row[2] += loaded or 0
+        row[2] += tp.memory() or 0
         row[3].add(t.type_name)
     lines.append("  quantization (as mlxspec loads it):")
     for what, (n, fb, lb, types) in sorted(plan.items(), key=lambda kv: -kv[1][1]):
@@ -259,9 +211,8 @@ def _gguf_target_view(g, lines: list[str], problems: list[str]) -> None:
     # required tensors, from the mlx-lm model skeleton (lazy: nothing is computed)
     try:
         import mlx.nn as nn
-        from mlx_lm.utils import _get_classes
 
-        model_class, args_class = _get_classes(cfg)
+        model_class, args_class = model_classes(cfg)
         want = dict(nn.utils.tree_flatten(model_class(args_class.from_dict(cfg)).parameters()))
         missing = [k for k in want if k not in mapped]
         if missing:
@@ -280,8 +231,6 @@ def _gguf_target_view(g, lines: list[str], problems: list[str]) -> None:
 
 
 def _gguf_tokenizer_view(g, cfg: dict, lines: list[str], problems: list[str]) -> None:
-    from mlxspec.tokenizer.build import load_gguf_tokenizer
-
     try:
         tok = load_gguf_tokenizer(g.metadata)
     except MlxspecError as e:
@@ -305,15 +254,9 @@ def _gguf_tokenizer_view(g, cfg: dict, lines: list[str], problems: list[str]) ->
 # ----------------------------------------------------------------------------- drafters
 
 def _drafter_view(path: str, lines: list[str], problems: list[str]) -> None:
-    from mlxspec.drafters import load as drafter_mod
-
-    load = getattr(drafter_mod, "load_drafter", None)
-    if load is None:
-        problems.append("this mlxspec has no drafter loader; cannot describe the drafter")
-        return
     log = io.StringIO()
     try:
-        model, cfg = load(path, None, log=log)
+        model, cfg = load_drafter(path, None, log=log)
     except MlxspecError as e:
         problems.append(str(e))
         return
@@ -343,23 +286,22 @@ def _drafter_view(path: str, lines: list[str], problems: list[str]) -> None:
 # ----------------------------------------------------------------------------- directories
 
 def _safetensors_table(d: Path) -> list[tuple[str, str, tuple]]:
+    """(name, dtype, shape) of every tensor in the directory's safetensors files, read from
+    their headers (no tensor data is read)."""
     rows = []
     for fp in sorted(d.glob("*.safetensors")):
-        with open(fp, "rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise MlxspecError(f"{fp}: truncated safetensors file; copy it again")
-            (n,) = struct.unpack("<Q", head)
-            raw = f.read(n)
-            if len(raw) < n:
-                raise MlxspecError(f"{fp}: truncated safetensors header; copy it again")
         try:
-            hdr = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise MlxspecError(f"{fp}: not a safetensors file ({e})") from None
-        for k, v in hdr.items():
-            if k != "__metadata__":
-                rows.append((k, v.get("dtype", "?"), tuple(v.get("shape", ()))))
+            with safe_open(fp, framework="numpy") as f:
+                for k in f.keys():
+                    sl = f.get_slice(k)
+                    rows.append((k, sl.get_dtype(), tuple(sl.get_shape())))
+        except SafetensorError as e:
+            why = str(e).removeprefix("Error while deserializing header: ")
+            if why == "header too small":
+                raise MlxspecError(f"{fp}: truncated safetensors file; copy it again") from None
+            if why == "invalid header length":
+                raise MlxspecError(f"{fp}: truncated safetensors header; copy it again") from None
+            raise MlxspecError(f"{fp}: not a safetensors file ({why})") from None
     return rows
 
 
@@ -391,10 +333,10 @@ def _inspect_dir(d: Path) -> str:
         lines.extend(_tensor_groups(rows))
 
     _section(lines, "mlxspec")
-    from mlxspec.drafters.formats.hf import detect_format
+    from mlxspec.drafters.formats import dir_format
 
     try:
-        detect_format(config, str(d))
+        dir_format(config, str(d))
         is_drafter = True
     except MlxspecError:
         is_drafter = False
@@ -409,9 +351,7 @@ def _inspect_dir(d: Path) -> str:
 def _dir_target_view(d: Path, config: dict, rows, lines: list[str], problems: list[str]) -> None:
     mt = config.get("model_type")
     try:  # any architecture mlx-lm implements (Target checks its caches roll back at load)
-        from mlx_lm.utils import _get_classes
-
-        _get_classes(config)
+        model_classes(config)
     except Exception:  # noqa: BLE001
         lines.append(f"  model_type: {mt!r}")
         problems.append(
@@ -437,8 +377,6 @@ def _dir_target_view(d: Path, config: dict, rows, lines: list[str], problems: li
     if not (d / "tokenizer.json").exists():
         problems.append("no tokenizer.json; copy the model's tokenizer files into the directory")
         return
-    from mlxspec.tokenizer.build import load_hf_tokenizer
-
     try:
         tok = load_hf_tokenizer(d)
     except MlxspecError as e:

@@ -3,16 +3,13 @@
 
     python scripts/bench_cuda.py [--quick] [--only lowbit|markov] [--out results.json]
 
-Prints a markdown table; exits 2 with a message when MLX has no CUDA backend here.
-See mlxspec/kernels/README.md.
+The same as `scripts/bench_kernels.py --backend cuda`; exits 2 with a message when MLX has
+no CUDA backend here. See mlxspec/kernels/README.md.
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, uninstalled
-
-from mlxspec.kernels.bench import main  # noqa: E402
+from bench_kernels import main
 
 if __name__ == "__main__":
-    sys.exit(main("cuda"))
+    sys.exit(main(["--backend", "cuda", *sys.argv[1:]]))

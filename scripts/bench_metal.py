@@ -3,16 +3,13 @@
 
     python scripts/bench_metal.py [--quick] [--only lowbit|markov] [--out results.json]
 
-Prints a markdown table; exits 2 with a message when MLX has no Metal backend here.
-See mlxspec/kernels/README.md.
+The same as `scripts/bench_kernels.py --backend metal`; exits 2 with a message when MLX has
+no Metal backend here. See mlxspec/kernels/README.md.
 """
 
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, uninstalled
-
-from mlxspec.kernels.bench import main  # noqa: E402
+from bench_kernels import main
 
 if __name__ == "__main__":
-    sys.exit(main("metal"))
+    sys.exit(main(["--backend", "metal", *sys.argv[1:]]))

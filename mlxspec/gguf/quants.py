@@ -25,15 +25,15 @@ from __future__ import annotations
 
 import numpy as np
 
-Q1_0, Q2_0, PQ2_0, PTQ1_0 = 41, 42, 142, 143
+from mlxspec.gguf.types import LOWBIT_TYPES, GGMLType
+
+Q1_0, Q2_0, PQ2_0, PTQ1_0 = GGMLType.Q1_0, GGMLType.Q2_0, GGMLType.PQ2_0, GGMLType.PTQ1_0
 
 # type id -> (weights per block, bytes per block, name)
-BLOCKS = {
-    Q1_0: (128, 18, "Q1_0"),
-    Q2_0: (64, 18, "Q2_0"),
-    PQ2_0: (128, 34, "PQ2_0"),
-    PTQ1_0: (128, 28, "PTQ1_0"),
-}
+BLOCKS = {t: (t.block_size, t.type_size, t.name) for t in LOWBIT_TYPES}
+
+# type id -> (bits, group size) of its lossless MLX affine repack (`repack_mlx`)
+MLX_LAYOUT = {Q1_0: (1, 128), Q2_0: (2, 64), PQ2_0: (2, 128), PTQ1_0: (2, 128)}
 
 _POW3 = np.array([1, 3, 9, 27, 81], dtype=np.uint32)
 # _TRITS[b, t] = trit t of byte b, t = 0 most significant; uint8 wrap as in the C decoder.
@@ -184,13 +184,13 @@ def repack_mlx(type_id: int, raw: np.ndarray, shape, scale_dtype=None):
         codes, d = _codes(type_id, blk)
         c = codes.reshape(rows, cols // 4, 4).astype(np.uint8)
         packed = (c[..., 0] | (c[..., 1] << 2) | (c[..., 2] << 4) | (c[..., 3] << 6))
-        bits, group, has3 = 2, 128, False
+        has3 = False
     else:
         packed = blk[..., 2:]
         d = _fp16(blk[..., 0:2])
-        bits, group = (1, 128) if type_id == Q1_0 else (2, block_layout(type_id)[0])
-        has3 = bits == 2 and bool(((packed & 0x03) == 3).any() | ((packed & 0x0C) == 0x0C).any()
+        has3 = type_id != Q1_0 and bool(((packed & 0x03) == 3).any() | ((packed & 0x0C) == 0x0C).any()
                                   | ((packed & 0x30) == 0x30).any() | ((packed & 0xC0) == 0xC0).any())
+    bits, group = MLX_LAYOUT[type_id]
     w_packed = np.ascontiguousarray(packed).reshape(rows, -1).view("<u4").astype(np.uint32)
     scale = 2 * d if type_id == Q1_0 else d
     if scale_dtype is None:

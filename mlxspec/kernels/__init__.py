@@ -26,7 +26,7 @@ __all__ = [
 def lowbit_matmul(x: mx.array, w: mx.array, type_id: int, shape) -> mx.array:
     """y[..., N] = x[..., K] @ W^T for W [N, K] stored as GGUF low-bit blocks (uint8 or uint32 raw).
 
-    type_id: 41 Q1_0, 42 Q2_0, 142 PQ2_0, 143 PTQ1_0; shape = (N, K)."""
+    type_id: a low-bit `mlxspec.gguf.types.GGMLType` (Q1_0, Q2_0, PQ2_0, PTQ1_0); shape = (N, K)."""
     impl = backend()
     if impl == "reference":
         return lowbit_matmul_reference(x, w, type_id, shape)

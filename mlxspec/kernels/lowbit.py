@@ -1,6 +1,6 @@
 """Low-bit matmul reading GGUF-native blocks: y[M, N] = x[M, K] @ W[N, K]^T.
 
-Types: Q1_0 (41), Q2_0 (42), PQ2_0 (142), PTQ1_0 (143); layouts in mlxspec/gguf/quants.py.
+Types: Q1_0, Q2_0, PQ2_0, PTQ1_0 (mlxspec.gguf.types); layouts in mlxspec/gguf/quants.py.
 The kernel is tuned for M = 1..32 activation rows (decode and block verify); larger M works
 but re-reads the weights once per TM rows.
 """
@@ -11,7 +11,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxspec.kernels._launch import KernelSpec, Launch
-from mlxspec.gguf.quants import BLOCKS, block_layout, row_bytes
+from mlxspec.gguf.quants import BLOCKS, MLX_LAYOUT, PTQ1_0, Q1_0, block_layout, row_bytes
 
 SPEC = KernelSpec(name="mlxspec_lowbit_matmul", inputs=("x", "w", "params"), outputs=("y",),
                   stem="lowbit_matmul")
@@ -76,7 +76,7 @@ def _codes_and_scale(w: mx.array, type_id: int, shape):
     N, K = (int(s) for s in shape)
     qk, nb = block_layout(type_id)
     blk = _as_bytes(w).reshape(N, K // qk, nb)
-    if type_id == 143:
+    if type_id == PTQ1_0:
         d = blk[..., 26:28].view(mx.float16).astype(mx.float32)
         a = _TRITS[blk[..., 0:16]].transpose(0, 1, 3, 2).reshape(N, K // qk, 80)
         b = _TRITS[blk[..., 16:24]].transpose(0, 1, 3, 2).reshape(N, K // qk, 40)
@@ -90,10 +90,10 @@ def dequantize_mlx(w: mx.array, type_id: int, shape) -> mx.array:
     N, K = (int(s) for s in shape)
     qk, _ = block_layout(type_id)
     codes, d = _codes_and_scale(w, type_id, shape)
-    if type_id == 41:
+    if type_id == Q1_0:
         bits = (codes[..., None] >> mx.arange(8, dtype=mx.uint8)) & 1
         return mx.where(bits.reshape(N, K // qk, qk) > 0, d, -d).reshape(N, K)
-    if type_id != 143:
+    if type_id != PTQ1_0:
         codes = ((codes[..., None] >> mx.array([0, 2, 4, 6], dtype=mx.uint8)) & 3).reshape(N, K // qk, qk)
     return ((codes.astype(mx.float32) - 1.0) * d).reshape(N, K)
 
@@ -104,13 +104,13 @@ def repack_mlx_ops(w: mx.array, type_id: int, shape):
     N, K = (int(s) for s in shape)
     qk, _ = block_layout(type_id)
     codes, d = _codes_and_scale(w, type_id, shape)
-    if type_id == 143:
+    if type_id == PTQ1_0:
         c = codes.reshape(N, K // 16, 16).astype(mx.uint32)
         wq = (c << (2 * mx.arange(16, dtype=mx.uint32))).sum(axis=-1).astype(mx.uint32)
     else:
         wq = mx.contiguous(codes).reshape(N, -1).view(mx.uint32)
-    bits, group = (1, 128) if type_id == 41 else (2, qk)
-    scales = (2 * d if type_id == 41 else d).reshape(N, K // qk)
+    bits, group = MLX_LAYOUT[type_id]
+    scales = (2 * d if type_id == Q1_0 else d).reshape(N, K // qk)
     return wq, scales, (-d).reshape(N, K // qk), group, bits
 
 

@@ -1,23 +1,24 @@
 """Target models (Llama, Qwen2, Qwen3 dense) from a GGUF file.
 
-Name mapping from llama.cpp to mlx-lm lives in `gguf_to_hf_name` (one function); the
-tensor conversions live in `convert_tensor`. Every tensor in the file's table is
-either converted or named in the error: nothing is dropped silently.
+Tensor names map to mlx-lm with `mlxspec.gguf.names`; how each tensor is loaded, and what
+it costs in memory, is decided by the load plan (`mlxspec.targets.plan`, also what
+`mlxspec inspect` reports); the conversions are `mlxspec.gguf.decode`. Every tensor in the
+file's table is either converted or named in the error: nothing is dropped silently.
 
 Tensor types:
 - F32 / F16 / BF16: loaded as they are.
 - Q4_0 / Q4_1 / Q8_0: kept quantized, repacked losslessly into MLX affine
   quantization (group 32; 4 or 8 bits), exactly what `mx.load` produces for them.
 - Q1_0 / Q2_0 / PQ2_0 / PTQ1_0: repacked losslessly (bit-exact) into MLX affine bits 1/2
-  (`loading.lowbit.repack_mlx`; PTQ1_0's ternary goes to 2 bits, 2.25 instead of 1.75 bpw).
+  (`gguf.quants.repack_mlx`; PTQ1_0's ternary goes to 2 bits, 2.25 instead of 1.75 bpw).
   With a Metal or CUDA kernel backend the Linear layers of these types (all but `lm_head`)
-  instead keep the file's blocks as they are, as `models.lowbit_linear.NativeLowBitLinear`,
+  instead keep the file's blocks as they are, as `targets.lowbit_linear.NativeLowBitLinear`,
   multiplied by the custom low-bit kernel (`native_lowbit_enabled`; off with
   MLXSPEC_NATIVE_LOWBIT=0 or `load_gguf_target(..., native_lowbit=False)`).
-- K-quants and other types the `gguf` package can decode: dequantized to float16 with
-  `gguf.quants.dequantize` (memory cost: 2 bytes per weight instead of ~0.5).
+- K-quants and other types the `gguf` package can decode: dequantized to float16
+  (memory cost: 2 bytes per weight instead of ~0.5).
 - With `dense=True` (the float32 CPU path) nothing is rounded to float16: F32/BF16 and
-  `gguf`-dequantized tensors stay float32, and `dequantize_model` expands the affine layers
+  dequantized tensors stay float32, and `dequantize_model` expands the affine layers
   in float32 arithmetic, so every weight equals `gguf.quants.dequantize` bit for bit.
 - Anything else: an error naming each such tensor and its type.
 """
@@ -28,96 +29,22 @@ import os
 import re
 from dataclasses import dataclass
 
+import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 
+from mlxspec import kernels
+from mlxspec import validate as V
 from mlxspec.errors import MlxspecError
+from mlxspec.gguf import decode
 from mlxspec.gguf.file import GGUFFile, TensorInfo, read_gguf
+from mlxspec.gguf.names import gguf_to_hf_name
+from mlxspec.gguf.types import LOWBIT_TYPES, GGMLType
+from mlxspec.targets.lowbit_linear import NativeLowBitLinear
+from mlxspec.targets.plan import (AFFINE, BF16, NATIVE, PLAIN, REPACK, UNSUPPORTED, TensorPlan, model_classes,
+                                  plan_target)
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
-
-_LAYER_MAP = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_TOP_MAP = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
-
-
-def gguf_to_hf_name(name: str) -> str | None:
-    """llama.cpp tensor name -> mlx-lm parameter prefix + suffix; None if unknown."""
-    base, _, suffix = name.rpartition(".")
-    if suffix not in ("weight", "bias"):
-        return None
-    m = re.fullmatch(r"blk\.(\d+)\.(\w+)", base)
-    if m and m.group(2) in _LAYER_MAP:
-        return f"model.layers.{m.group(1)}.{_LAYER_MAP[m.group(2)]}.{suffix}"
-    if base in _TOP_MAP:
-        return f"{_TOP_MAP[base]}.{suffix}"
-    return None
-
-
-# ---------------------------------------------------------------- tensor conversions
-
-def _pack_bits(codes: np.ndarray, bits: int) -> np.ndarray:
-    """Pack unsigned codes [rows, cols] into uint32 words, LSB first (MLX's order)."""
-    per = 32 // bits
-    rows, cols = codes.shape
-    c = codes.astype(np.uint32).reshape(rows, cols // per, per)
-    shifts = (np.arange(per, dtype=np.uint32) * bits)[None, None, :]
-    return np.bitwise_or.reduce(c << shifts, axis=2).astype(np.uint32)
-
-
-def _blocks(raw: np.ndarray, info: TensorInfo, block_bytes: int) -> np.ndarray:
-    return np.asarray(raw).reshape(-1, block_bytes)
-
-
-def _q4_0(raw, info):
-    rows, cols = info.shape
-    b = _blocks(raw, info, 18)
-    d = b[:, :2].copy().view(np.float16)[:, 0]
-    qs = b[:, 2:]
-    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=1)  # elements 0..15 low, 16..31 high
-    w = _pack_bits(codes.reshape(rows, cols), 4)
-    scales = d.reshape(rows, cols // 32)
-    return w, scales, (-8 * scales).astype(np.float16), 32, 4
-
-
-def _q4_1(raw, info):
-    rows, cols = info.shape
-    b = _blocks(raw, info, 20)
-    d = b[:, :2].copy().view(np.float16)[:, 0]
-    m = b[:, 2:4].copy().view(np.float16)[:, 0]
-    qs = b[:, 4:]
-    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=1)
-    w = _pack_bits(codes.reshape(rows, cols), 4)
-    return w, d.reshape(rows, cols // 32), m.reshape(rows, cols // 32), 32, 4
-
-
-def _q8_0(raw, info):
-    rows, cols = info.shape
-    b = _blocks(raw, info, 34)
-    d = b[:, :2].copy().view(np.float16)[:, 0]
-    q = b[:, 2:].view(np.int8).astype(np.int16) + 128
-    w = _pack_bits(q.reshape(rows, cols).astype(np.uint8), 8)
-    scales = d.reshape(rows, cols // 32)
-    return w, scales, (-128 * scales.astype(np.float32)).astype(np.float16), 32, 8
-
-
-_AFFINE = {2: _q4_0, 3: _q4_1, 8: _q8_0}
-LOWBIT_TYPES = (41, 42, 142, 143)  # Q1_0, Q2_0, PQ2_0, PTQ1_0
-_PLAIN = {0: np.float32, 1: np.float16}
 
 
 @dataclass
@@ -133,49 +60,29 @@ class Converted:
     note: str = ""
 
 
-def _lowbit():
-    from mlxspec.gguf import quants as lowbit  # written alongside the kernel layer
-
-    return lowbit
-
-
-def convert_tensor(g: GGUFFile, info: TensorInfo, dense: bool = False) -> Converted:
-    """dense: the float32 CPU path; tensors that are dequantized here stay float32."""
-    raw = g.raw(info) if info.nbytes >= 0 else None
-    wide = np.float32 if dense else np.float16
-    t = info.type_id
-    if t in _PLAIN:
-        return Converted(array=np.frombuffer(raw, dtype=_PLAIN[t]).reshape(info.shape))
-    if t == 30:  # BF16 -> keep as bf16 via float32 bits
-        u = np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16
-        return Converted(array=u.view(np.float32).reshape(info.shape), note="bf16")
-    if len(info.shape) == 2 and t in _AFFINE:
-        w, s, b, gs, bits = _AFFINE[t](raw, info)
-        return Converted(wq=w, scales=s, biases=b, group_size=gs, bits=bits)
-    if len(info.shape) == 2 and t in LOWBIT_TYPES:
-        lb = _lowbit()
-        w, s, b, gs, bits = lb.repack_mlx(t, raw, info.shape)
-        note = "PTQ1_0 repacked losslessly into MLX 2-bit affine (2.25 bpw)" if t == 143 else ""
+def convert_tensor(g: GGUFFile, p: TensorPlan) -> Converted:
+    """The tensor's data as its plan says (`p.how` is not UNSUPPORTED)."""
+    info = p.info
+    raw, t, shape = g.raw(info), info.type_id, info.shape
+    if p.how == PLAIN:
+        return Converted(array=decode.plain(raw, t, shape))
+    if p.how == BF16:  # kept as bf16 values via float32 bits
+        return Converted(array=decode.bf16_as_f32(raw, shape), note="bf16")
+    if p.how == NATIVE:
+        return Converted(array=np.asarray(raw).reshape(shape[0], -1))
+    if p.how in (AFFINE, REPACK):
+        w, s, b, gs, bits = decode.repack_mlx(raw, t, shape)
+        note = "PTQ1_0 repacked losslessly into MLX 2-bit affine (2.25 bpw)" if t == GGMLType.PTQ1_0 else ""
         return Converted(wq=w, scales=s, biases=b, group_size=gs, bits=bits, note=note)
+    wide = np.float32 if p.dense else np.float16
+    arr = decode.dequantize(raw, t, shape).astype(wide)
     if t in LOWBIT_TYPES:
-        lb = _lowbit()
-        return Converted(array=lb.dequantize(t, raw, info.shape).astype(wide),
-                         note=f"{info.type_name} (not 2-D) dequantized to {np.dtype(wide).name}")
-    try:
-        import gguf
-
-        qt = gguf.GGMLQuantizationType(t)
-        arr = gguf.quants.dequantize(np.asarray(raw), qt).reshape(info.shape)
-        if dense:
-            return Converted(array=arr.astype(np.float32), note=f"{info.type_name} dequantized to float32")
-        return Converted(array=arr.astype(np.float16), note=f"{info.type_name} dequantized to float16 (2 bytes per weight in memory)")
-    except (ValueError, NotImplementedError, KeyError):
-        raise _Unsupported(info)
-
-
-class _Unsupported(Exception):
-    def __init__(self, info: TensorInfo):
-        self.info = info
+        note = f"{info.type_name} (not 2-D) dequantized to {np.dtype(wide).name}"
+    elif p.dense:
+        note = f"{info.type_name} dequantized to float32"
+    else:
+        note = f"{info.type_name} dequantized to float16 (2 bytes per weight in memory)"
+    return Converted(array=arr, note=note)
 
 
 # ---------------------------------------------------------------- config
@@ -189,8 +96,6 @@ def gguf_config(g: GGUFFile) -> dict:
             f"{g.path}: architecture '{arch}' is not supported as a target; "
             f"supported: {', '.join(SUPPORTED_ARCHS)}"
         )
-
-    from mlxspec import validate as V
 
     where = g.path
 
@@ -302,20 +207,11 @@ def _unpermute(x: np.ndarray, n_head: int) -> np.ndarray:
     return x.reshape(n_head, rows // n_head // 2, 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
 
 
-def native_eligible(name: str, info: TensorInfo) -> bool:
-    """Whether a tensor may stay in native low-bit blocks: a 2-D Q1_0/Q2_0/PQ2_0/PTQ1_0
-    weight of a decoder layer's Linear. Not the embedding (looked up, not multiplied) and not
-    lm_head (callers read `lm_head.weight` as a dense or MLX-quantized matrix, e.g.
-    spec.drafters.target_head_rows), which keep the lossless repack."""
-    return (info.type_id in LOWBIT_TYPES and len(info.shape) == 2 and name.startswith("model.layers.")
-            and name.endswith(".weight"))
-
-
 def load_gguf_weights(g: GGUFFile, cfg: dict, native: bool = False, dense: bool = False) -> tuple[dict, dict, list[str]]:
     """-> (weights name -> np array, quantization per module prefix, notes).
 
     quantization: {"group_size", "bits"} for MLX affine layers; with `native`, {"native":
-    type id} for layers kept as raw GGUF blocks (`native_eligible`; weight uint8 [N, row
+    type id} for layers kept as raw GGUF blocks (`plan.native_eligible`; weight uint8 [N, row
     bytes], rows in the model's order)."""
     weights: dict[str, np.ndarray] = {}
     quant: dict[str, dict] = {}
@@ -323,20 +219,15 @@ def load_gguf_weights(g: GGUFFile, cfg: dict, native: bool = False, dense: bool 
     unsupported: list[TensorInfo] = []
     unknown_names: list[str] = []
     permute = cfg["model_type"] == "llama"
-    for info in g.tensors:
-        name = gguf_to_hf_name(info.name)
+    for p in plan_target(g, native, dense):
+        name, info = p.name, p.info
         if name is None:
             unknown_names.append(info.name)
             continue
-        try:
-            if native and native_eligible(name, info):
-                raw = np.asarray(g.raw(info)).reshape(info.shape[0], -1)
-                c = Converted(array=raw, note="")
-            else:
-                c = convert_tensor(g, info, dense)
-        except _Unsupported:
+        if p.how == UNSUPPORTED:
             unsupported.append(info)
             continue
+        c = convert_tensor(g, p)
         prefix = name.rsplit(".", 1)[0]
         n_perm = None
         if permute and (".q_proj." in name or ".k_proj." in name):
@@ -349,7 +240,7 @@ def load_gguf_weights(g: GGUFFile, cfg: dict, native: bool = False, dense: bool 
             quant[prefix] = {"group_size": c.group_size, "bits": c.bits}
         else:
             weights[name] = fix(c.array)
-            if native and native_eligible(name, info):
+            if p.how == NATIVE:
                 quant[prefix] = {"native": info.type_id}
         if c.note and c.note not in notes:
             notes.append(c.note)
@@ -372,8 +263,6 @@ NATIVE_ENV = "MLXSPEC_NATIVE_LOWBIT"
 
 
 def _kernel_backend() -> str:
-    from mlxspec import kernels
-
     return kernels.backend()
 
 
@@ -414,18 +303,12 @@ def load_gguf_target(path: str, native_lowbit: bool | None = None, dense: bool =
     dense: for the float32 dense path (`models.target.dequantize_model` follows): float
     tensors and tensors dequantized here stay float32 instead of float16, so every weight
     equals `gguf.quants.dequantize` exactly; MLX-quantized layers stay quantized."""
-    import mlx.core as mx
-    import mlx.nn as nn
-    from mlx_lm.utils import _get_classes
-
-    from mlxspec.targets.lowbit_linear import NativeLowBitLinear
-
     g = read_gguf(path)
     cfg = gguf_config(g)
     check_tensor_shapes(g, cfg)
     native = native_lowbit_enabled(native_lowbit)
     weights, quant, notes = load_gguf_weights(g, cfg, native=native, dense=dense)
-    model_class, args_class = _get_classes(cfg)
+    model_class, args_class = model_classes(cfg)
     model = model_class(args_class.from_dict(cfg))
     natives = {p: q["native"] for p, q in quant.items() if "native" in q}
     affine = {p: q for p, q in quant.items() if "native" not in q}

@@ -9,6 +9,7 @@ import mlx.core as mx
 
 from mlxspec.errors import MlxspecError
 from mlxspec.targets.model import Target, dequantize_model
+from mlxspec.targets.plan import model_classes
 from mlxspec.tokenizer.build import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
 
 
@@ -83,9 +84,7 @@ def _load_dir(p: Path):
     V.get_float(config, "rope_theta", str(cfg_path), 0, 1e12, default=None, lo_open=True, fix=fix)
     mt = config.get("model_type")
     try:  # any architecture mlx-lm implements; Target then checks its caches can be rolled back
-        from mlx_lm.utils import _get_classes
-
-        _get_classes(config)
+        model_classes(config)
     except Exception:  # noqa: BLE001 - mlx-lm's ValueError, or a config its ModelArgs cannot take
         raise MlxspecError(f"{p}: model_type '{mt}' is not supported as a target: mlx-lm "
                            f"has no implementation of it") from None

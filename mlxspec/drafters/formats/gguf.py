@@ -30,7 +30,9 @@ from mlxspec import validate as V
 from mlxspec.errors import MlxspecError
 from mlxspec.drafters.model import DrafterConfig
 from mlxspec.drafters.load import RawDrafter, claim_tensors, model_tensors, parse_flag, to_mx
+from mlxspec.gguf import decode
 from mlxspec.gguf.file import GGUFFile, TensorInfo, read_gguf, type_name
+from mlxspec.gguf.types import GGMLType
 
 _LAYER = {
     "input_layernorm": "attn_norm",
@@ -131,26 +133,12 @@ def _tensor_array(g: GGUFFile, info: TensorInfo):
     raw = np.asarray(g.raw(info))
     shape = info.shape
     t = info.type_id
-    if t == 0:
-        return np.frombuffer(raw, dtype="<f4").reshape(shape)
-    if t == 1:
-        return np.frombuffer(raw, dtype="<f2").reshape(shape)
-    if t == 30:
+    if t == GGMLType.BF16:
         return mx.array(np.frombuffer(raw, dtype="<u2").reshape(shape)).view(mx.bfloat16)
-    if t in (24, 25, 26, 27):
-        return np.frombuffer(raw, dtype={24: "<i1", 25: "<i2", 26: "<i4", 27: "<i8"}[t]).reshape(shape)
-    if t in (41, 42, 142, 143):
-        from mlxspec.gguf import quants as lowbit
-
-        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-        return lowbit.dequantize(t, raw, (rows, shape[-1])).reshape(shape).astype(np.float16)
+    if t in decode.PLAIN_DTYPES:
+        return decode.plain(raw, t, shape)
     try:
-        import gguf
-
-        qtype = gguf.GGMLQuantizationType(t)
-        rows = int(np.prod(shape[:-1])) if len(shape) > 1 else 1
-        out = gguf.quants.dequantize(raw.reshape(rows, -1), qtype)
-        return np.asarray(out, dtype=np.float32).reshape(shape).astype(np.float16)
+        return decode.dequantize(raw, t, shape).astype(np.float16)
     except (ValueError, NotImplementedError, KeyError) as e:
         raise MlxspecError(
             f"{g.path}: tensor {info.name} has type {type_name(t)}, which mlxspec cannot read for a drafter "

@@ -1,12 +1,19 @@
-"""Benchmarks of the custom kernels on a GPU backend (used by scripts/bench_metal.py and
-scripts/bench_cuda.py).
+#!/usr/bin/env python3
+"""Benchmark the custom kernels of mlxspec on a GPU backend against MLX built-ins and the
+memory-bandwidth floor.
+
+    python scripts/bench_kernels.py --backend metal|cuda [--quick] [--only lowbit|markov] [--out results.json]
+
+(scripts/bench_metal.py and scripts/bench_cuda.py are this with the backend chosen.)
+Prints a markdown table; exits 2 with a message when MLX has no such backend here.
 
 Each kernel is timed against MLX's built-in path and against the memory-bandwidth floor:
-  - low-bit matmul vs mx.quantized_matmul on the lossless repack (loading.lowbit.repack_mlx),
+  - low-bit matmul vs mx.quantized_matmul on the lossless repack (mlxspec.gguf.quants.repack_mlx),
   - Markov block drafting vs the same chain in MLX ops (markov_chain_reference),
   - floor = bytes that must move / measured copy bandwidth (an elementwise copy of 1 GiB).
 Shapes are Qwen3-8B's projection layers (Bonsai-8B has the same dimensions): 4096x4096,
 4096->12288 and 12288->4096, for M = 1, 4, 8, 16, 32 activation rows.
+See mlxspec/kernels/README.md.
 """
 
 from __future__ import annotations
@@ -17,14 +24,17 @@ import platform
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 
-from mlxspec.kernels import lowbit as klowbit
-from mlxspec.kernels import markov as kmarkov
-from mlxspec.kernels._launch import runner
-from mlxspec.gguf import quants as L
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout, uninstalled
+
+from mlxspec.gguf import quants as L  # noqa: E402
+from mlxspec.kernels import lowbit as klowbit  # noqa: E402
+from mlxspec.kernels import markov as kmarkov  # noqa: E402
+from mlxspec.kernels._launch import runner  # noqa: E402
 
 # (name, N = output features, K = input features)
 SHAPES = [("q/o 4096x4096", 4096, 4096), ("up/gate 4096->12288", 12288, 4096), ("down 12288->4096", 4096, 12288)]
@@ -176,13 +186,15 @@ def _row_md(r: dict) -> str:
     return text
 
 
-def main(language: str, argv=None) -> int:
-    ap = argparse.ArgumentParser(description=f"Benchmark mlxspec {language} kernels against MLX built-ins.")
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description="Benchmark mlxspec kernels against MLX built-ins.")
+    ap.add_argument("--backend", choices=["metal", "cuda"], required=True)
     ap.add_argument("--out", help="write the results as JSON here")
     ap.add_argument("--quick", action="store_true", help="one shape, M in (1, 16), B = 7 only")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--only", choices=["lowbit", "markov"], help="run one kernel only")
     args = ap.parse_args(argv)
+    language = args.backend
     if not backend_available(language):
         need = "an Apple GPU (mx.metal.is_available())" if language == "metal" else \
             "MLX built with CUDA and a visible GPU (mx.cuda.is_available())"
@@ -207,3 +219,7 @@ def main(language: str, argv=None) -> int:
             json.dump(dict(info=info, results=rows), f, indent=1)
         print(f"\nwrote {args.out}")
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
