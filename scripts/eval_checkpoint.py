@@ -22,7 +22,8 @@ def main():
 
     from mlxspec.evaluate import merged_tau, run_prompts
     from mlxspec.targets.load import load_target
-    from mlxspec.drafters.model import DFlashModel, DrafterConfig
+    from mlxspec.drafters.config import DrafterConfig
+    from mlxspec.drafters.model import DFlashModel
     from mlxspec.prompts import encode_prompt, load_prompts
     from mlxspec.engine.drafting import BlockDrafter
 

@@ -220,8 +220,10 @@ class Fixtures:
         import mlx.core as mx
         from mlx.utils import tree_unflatten
 
-        from mlxspec.drafters.load import model_tensors, save_drafter
-        from mlxspec.drafters.model import DFlashModel, DrafterConfig
+        from mlxspec.drafters.common import model_tensors
+        from mlxspec.drafters.config import DrafterConfig
+        from mlxspec.drafters.load import save_drafter
+        from mlxspec.drafters.model import DFlashModel
 
         c = _conftest()
         t = c.TINY

@@ -12,7 +12,8 @@ import pytest
 from mlxspec import api, cli
 from mlxspec.errors import MlxspecError
 from mlxspec.drafters.load import load_drafter, save_drafter
-from mlxspec.drafters.model import DFlashModel, DrafterConfig
+from mlxspec.drafters.config import DrafterConfig
+from mlxspec.drafters.model import DFlashModel
 from mlxspec.engine.drafting import SimpleDrafter
 from mlxspec.engine.loop import generate_steps
 

@@ -11,7 +11,8 @@ import pytest
 
 from mlxspec import cli
 from mlxspec.drafters.load import save_drafter
-from mlxspec.drafters.model import DFlashModel, DrafterConfig
+from mlxspec.drafters.config import DrafterConfig
+from mlxspec.drafters.model import DFlashModel
 
 
 @pytest.fixture(scope="module")

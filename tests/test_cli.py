@@ -92,7 +92,8 @@ def test_inspect_unsupported_architecture(tmp_path):
 
 
 def _tiny_drafter(rank: int):
-    from mlxspec.drafters.model import DFlashModel, DrafterConfig
+    from mlxspec.drafters.config import DrafterConfig
+    from mlxspec.drafters.model import DFlashModel
 
     cfg = DrafterConfig(hidden_size=256, intermediate_size=256, num_hidden_layers=1, num_attention_heads=4,
                         num_key_value_heads=2, head_dim=64, block_size=4, target_layer_ids=[0, 1],

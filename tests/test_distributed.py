@@ -69,7 +69,8 @@ def launch(job: dict, tmp: Path, timeout: float = 400) -> dict:
 
 def tiny_drafter(path: Path) -> str:
     from mlxspec.drafters.load import save_drafter
-    from mlxspec.drafters.model import DFlashModel, DrafterConfig
+    from mlxspec.drafters.config import DrafterConfig
+    from mlxspec.drafters.model import DFlashModel
 
     cfg = DrafterConfig(hidden_size=64, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
                         num_key_value_heads=2, head_dim=16, block_size=4, target_layer_ids=[0, 2],

@@ -16,9 +16,11 @@ import pytest
 from mlx.utils import tree_unflatten
 
 from mlxspec.errors import MlxspecError
-from mlxspec.drafters.load import load_drafter, model_tensors, save_drafter
+from mlxspec.drafters.common import model_tensors
+from mlxspec.drafters.load import load_drafter, save_drafter
 from mlxspec.gguf.file import read_gguf
-from mlxspec.drafters.model import DFlashModel, DrafterConfig
+from mlxspec.drafters.config import DrafterConfig
+from mlxspec.drafters.model import DFlashModel
 from mlxspec.targets.model import TargetInfo
 
 V, H = 512, 64
@@ -30,7 +32,7 @@ TAPS = [1, 3, 5]
 def make_cfg(**kw) -> DrafterConfig:
     base = dict(hidden_size=H, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                 num_key_value_heads=2, head_dim=16, block_size=7, target_layer_ids=list(TAPS),
-                mask_token_id=500, vocab_size=V, rope_theta=1_000_000.0)
+                mask_token_id=500, vocab_size=V, rope_theta=1_000_000.0, sample_from_anchor=True)
     base.update(kw)
     return DrafterConfig(**base)
 

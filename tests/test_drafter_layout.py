@@ -7,10 +7,13 @@ from __future__ import annotations
 import io
 import json
 import os
+from dataclasses import FrozenInstanceError, asdict
 
 import pytest
 
 from mlxspec.errors import MlxspecError
+from mlxspec.drafters.config import DrafterConfig
+from mlxspec.drafters.formats import read_drafter
 from mlxspec.drafters.load import load_drafter, resolve_layout
 from mlxspec.targets.model import TargetInfo
 from test_drafter_formats import edit_config, make_cfg, make_model, rewrite_gguf, write
@@ -282,3 +285,24 @@ def test_validation_num_target_layers(files, tmp_path):
         f"{p}: drafter was trained for a 36-layer target (num_target_layers) but t.gguf has 8 layers; use the "
         "drafter trained for this target"
     )
+
+
+# ----------------------------------------------------------------------------- the config
+
+def test_layout_is_required_and_comes_from_resolve_layout(tmp_path):
+    fields = {k: v for k, v in asdict(make_cfg()).items() if k not in ("sample_from_anchor", "layout_reason")}
+    with pytest.raises(TypeError, match="sample_from_anchor"):
+        DrafterConfig(**fields)
+    cfg = DrafterConfig(**fields, sample_from_anchor=False)
+    with pytest.raises(FrozenInstanceError):
+        cfg.sample_from_anchor = True
+    # the readers hand back no layout at all; the loader's is resolve_layout's answer
+    for fmt, sfa in (("zlab", False), ("deepspec", True), ("gguf", False)):
+        c = make_cfg(sample_from_anchor=sfa)
+        p = write(tmp_path, make_model(c), c, fmt)
+        raw = read_drafter(p)
+        assert not hasattr(raw.spec, "sample_from_anchor")
+        want, src, reason = resolve_layout(raw.fmt, raw.spec.lineage, raw.layout_value, raw.layout_key)
+        got = load(p)[0]
+        assert (got.sample_from_anchor, got.extra["layout_from"], got.layout_reason) == (want, src, reason)
+        assert got.sample_from_anchor == sfa

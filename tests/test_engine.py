@@ -17,10 +17,11 @@ import numpy as np
 import pytest
 from mlx.utils import tree_map
 
-from mlxspec.drafters.model import DFlashModel, DraftOutput, DrafterConfig
+from mlxspec.drafters.config import DrafterConfig
+from mlxspec.drafters.model import DFlashModel
 from mlxspec.targets.model import Target, cache_length
 from mlxspec.engine import loop as engine
-from mlxspec.engine.drafting import BlockDrafter, SimpleDrafter
+from mlxspec.engine.drafting import BlockDrafter, DraftOutput, SimpleDrafter
 from mlxspec.engine.loop import InvariantError, SpecStats, choose_verify_length, generate_steps, truncate_p_min
 from mlxspec.engine.verify import SamplingParams, probs_from_logits, sample_token
 

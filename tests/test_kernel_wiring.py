@@ -25,7 +25,8 @@ import pytest
 from mlxspec import kernels
 from mlxspec.gguf import quants as lowbit
 from mlxspec.targets import gguf as gguf_target
-from mlxspec.drafters.model import DFlashModel, DrafterConfig
+from mlxspec.drafters.config import DrafterConfig
+from mlxspec.drafters.model import DFlashModel
 from mlxspec.targets.lowbit_linear import NativeLowBitLinear
 from mlxspec.targets.model import Target, dequantize_model
 from mlxspec.engine import drafting as drafters
@@ -245,7 +246,8 @@ def make_drafter(target, kind="vanilla", rank=32, draft_vocab=None, seed=1) -> B
     c = DrafterConfig(hidden_size=TH, intermediate_size=128, num_hidden_layers=1, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=16, block_size=8, target_layer_ids=[0, 1],
                       mask_token_id=TV - 1, vocab_size=TV, markov_rank=rank, markov_head_type=kind,
-                      confidence_head=True, draft_vocab_size=draft_vocab, rope_theta=1e4)
+                      confidence_head=True, draft_vocab_size=draft_vocab, rope_theta=1e4,
+                      sample_from_anchor=True)
     mx.random.seed(seed)
     m = DFlashModel(c)
     mh = m.markov_head  # a chain that matters: bias of the size of the base logits

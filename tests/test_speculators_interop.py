@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 
 from mlxspec.drafters.load import load_drafter, save_drafter
-from mlxspec.drafters.model import DFlashModel, DrafterConfig
+from mlxspec.drafters.config import DrafterConfig
+from mlxspec.drafters.model import DFlashModel
 from mlxspec.engine.drafting import BlockDrafter
 from mlxspec.engine.verify import SamplingParams
 

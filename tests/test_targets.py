@@ -18,7 +18,7 @@ import pytest
 from tiny_targets import ARCHS, WINDOW, tiny_model, tiny_target
 
 from mlxspec.errors import MlxspecError
-from mlxspec.drafters.model import DraftOutput
+from mlxspec.engine.drafting import DraftOutput
 from mlxspec.targets.rollback import cache_kind
 from mlxspec.targets.model import Target, cache_length, trim_cache
 from mlxspec.engine.drafting import SimpleDrafter

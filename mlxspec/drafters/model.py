@@ -1,9 +1,8 @@
 """DFlash / DSpark block drafters as MLX modules.
 
-One architecture file (mlx-lm's shape): `DrafterConfig` is the single normalised
-config every on-disk format is read into (see `mlxspec/drafters/formats/`), and
-`DFlashModel` holds the parameters under the z-lab / DeepSpec names (no `model.`
-prefix), so readers only map names in one `sanitize` function per format.
+One architecture file (mlx-lm's shape): `DFlashModel` is built from a `DrafterConfig`
+(`mlxspec/drafters/config.py`) and holds the parameters under the z-lab / DeepSpec
+names (no `model.` prefix), so each format in `mlxspec/drafters/formats/` only maps names.
 
 Backbone (DFlash): context = concat(target taps) -> fc -> hidden_norm. Each draft layer
 turns context rows into extra K/V with its own k_proj / k_norm / v_proj (no
@@ -14,64 +13,18 @@ block; final norm; logits through the target's LM head unless the file has its o
 DSpark adds a Markov head (bias(prev) = W2 . W1[prev], slot 0 conditioned on the
 anchor), a confidence head, and optionally log-SNR conditioning of block rows.
 
-Block layout (`sample_from_anchor`): the block is [anchor, MASK, ..., MASK] at
-positions p..p+B-1 (p = the anchor's position).
-- anchor-first (True): row k predicts position p+k+1 -> B drafts.
-- bonus-anchor (False): row 0 predicts nothing; row j predicts p+j -> B-1 drafts.
-Which one a file uses is decided by `mlxspec.drafters.load.resolve_layout`, never by
-the type the user asked for.
+Block layout (`sample_from_anchor`, see config.py): which one a file uses is decided by
+`mlxspec.drafters.load.resolve_layout`, never by the type the user asked for.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, asdict
 
 import mlx.core as mx
 import mlx.nn as nn
 
-
-@dataclass
-class DrafterConfig:
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    block_size: int
-    target_layer_ids: list  # "output of layer k" convention (HF hidden_states[k+1])
-    mask_token_id: int
-    vocab_size: int  # the target vocabulary
-    sample_from_anchor: bool = True
-    rms_norm_eps: float = 1e-6
-    rope_theta: float = 1_000_000.0
-    markov_rank: int = 0
-    markov_head_type: str = "vanilla"  # vanilla | gated | rnn
-    confidence_head: bool = False
-    confidence_head_with_markov: bool = True
-    log_snr: bool = False
-    min_log_snr: float = -9.0
-    max_log_snr: float = 9.0
-    draft_vocab_size: int | None = None  # reduced draft vocabulary (d2t) when set
-    has_embed: bool = False  # file carries its own embed_tokens
-    has_lm_head: bool = False  # file carries its own lm_head
-    # provenance: which format, and why the layout is what it is
-    source_format: str = ""
-    layout_reason: str = ""
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def lineage(self) -> str:
-        """DSpark iff a Markov head is present (the on-disk marker of the lineage)."""
-        return "dspark" if self.markov_rank > 0 else "dflash"
-
-    @property
-    def n_drafts(self) -> int:
-        return self.block_size if self.sample_from_anchor else self.block_size - 1
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from mlxspec.drafters.config import DrafterConfig
 
 
 def rope(x: mx.array, positions: mx.array, theta: float) -> mx.array:
@@ -290,11 +243,3 @@ class DFlashModel(nn.Module):
         for layer, (k, v) in zip(self.layers, layer_kv):
             h = layer(h, block_pos, k, v, mask)
         return self.norm(h)
-
-
-@dataclass
-class DraftOutput:
-    tokens: list  # target-vocabulary ids, len n
-    probs: mx.array | None  # [n, V_target] draft distributions (sampling only)
-    confidence: list | None  # per-position confidences (DSpark with confidence head)
-    logits: mx.array | None = None  # [n, V_draft] Markov-corrected logits (debug/tests)

@@ -15,15 +15,24 @@ the Markov chain for DSpark), `SimpleDrafter` (a classic small draft model), and
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import mlx.core as mx
 import numpy as np
 
 from mlxspec import kernels
-from mlxspec.drafters.model import DFlashModel, DraftOutput
+from mlxspec.drafters.model import DFlashModel
 from mlxspec.targets.model import Target, dense_weight, trim_cache
 from mlxspec.engine.verify import SamplingParams, probs_from_logits, sample_token
+
+
+@dataclass
+class DraftOutput:
+    tokens: list  # target-vocabulary ids, len n
+    probs: mx.array | None  # [n, V_target] draft distributions (sampling only)
+    confidence: list | None  # per-position confidences (DSpark with confidence head)
+    logits: mx.array | None = None  # [n, V_draft] Markov-corrected logits (debug/tests)
 
 
 class Drafter(Protocol):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from mlxspec.drafters.model import DraftOutput
+from mlxspec.engine.drafting import DraftOutput
 
 
 class NgramIndex:

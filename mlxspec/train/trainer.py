@@ -29,7 +29,8 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
 
-from mlxspec.drafters.model import DFlashModel, DrafterConfig
+from mlxspec.drafters.config import DrafterConfig
+from mlxspec.drafters.model import DFlashModel
 
 
 @dataclass

@@ -28,10 +28,11 @@ import numpy as np
 
 from mlxspec import validate as V
 from mlxspec.errors import MlxspecError
-from mlxspec.drafters.model import DrafterConfig
-from mlxspec.drafters.load import RawDrafter, claim_tensors, model_tensors, parse_flag, to_mx
+from mlxspec.drafters.common import RawDrafter, claim_tensors, model_tensors, parse_flag, to_mx
+from mlxspec.drafters.config import DrafterConfig, DrafterSpec
+from mlxspec.drafters.features import FeatureRules, infer_features
 from mlxspec.gguf import decode
-from mlxspec.gguf.file import GGUFFile, TensorInfo, read_gguf, type_name
+from mlxspec.gguf.file import GGUFFile, TensorInfo, type_name
 from mlxspec.gguf.types import GGMLType
 
 _LAYER = {
@@ -75,6 +76,23 @@ _TOP = {
 }
 
 
+# Absent Markov / confidence keys: as the tensors say for `dflash` (mainline and PrismML
+# detect the Markov head from markov_w1, mainline counts a missing has_confidence_head as
+# present), off for the legacy `dspark` (PrismML's legacy loader); log-SNR absent is off.
+RULES = FeatureRules(
+    confidence_keys=("confidence_head", "has_confidence_head"), from_tensors=True, note_prefix="",
+    absent={"Markov head": "no dflash.markov_rank; detected from markov_w1.weight",
+            "confidence head": "no dflash.confidence_head; detected from conf_proj.weight",
+            "log-SNR conditioning": "dflash.log_snr_conditioning is absent"},
+)
+LEGACY_RULES = FeatureRules(
+    confidence_keys=("confidence_head", "has_confidence_head"), from_tensors=False, note_prefix="",
+    absent={"Markov head": "dspark.markov_rank is absent", "confidence head": "dspark.confidence_head is absent",
+            "log-SNR conditioning": "dspark.log_snr_conditioning is absent"},
+    no_reduced_vocab="the legacy dspark format has no reduced vocabulary",
+)
+
+
 def gguf_name(model_name: str, fmt: str) -> str:
     """DFlashModel parameter name -> GGUF tensor name for `fmt` (the one name map)."""
     if model_name == "d2t":
@@ -102,11 +120,6 @@ def model_name(file_name: str, fmt: str) -> str | None:
 
 
 # ----------------------------------------------------------------------------- reading
-
-def _bool(v, key: str, path: str) -> bool:
-    """Strict: true/false, 1/0, yes/no ... (`drafter.parse_flag`); anything else is refused."""
-    return parse_flag(v, key, path)
-
 
 class _Meta:
     """Key lookup for one architecture; the legacy `dspark` keys may be doubled."""
@@ -153,28 +166,38 @@ def _unsupported(g: GGUFFile, m: _Meta) -> None:
     if (m.special("selector_top_k") or 0) > 0:
         raise MlxspecError(f"{path}: DFlash2 selector drafters are not supported")
     causal = m.special("attention.causal", m.std("attention.causal"))
-    if causal is not None and _bool(causal, f"{m.arch}.attention.causal", path):
+    if causal is not None and parse_flag(causal, f"{m.arch}.attention.causal", path):
         raise MlxspecError(f"{path}: causal block attention ({m.arch}.attention.causal=true) is not supported")
     if m.special("decoder_arch") is not None:
         raise MlxspecError(f"{path}: decoder_arch {m.special('decoder_arch')!r} drafters are not supported")
     for k in ("norm_before_fc", "norm_before_residual"):
-        if _bool(m.special(k, False), f"{m.arch}.{k}", path):
+        if parse_flag(m.special(k, False), f"{m.arch}.{k}", path):
             raise MlxspecError(f"{path}: {m.arch}.{k}=true drafters are not supported")
     ht = m.special("markov_head_type")
     if ht is not None and str(ht).lower() != "vanilla":
         raise MlxspecError(f"{path}: GGUF {ht} Markov heads are not supported (GGUF spells only vanilla heads)")
 
 
-def read_gguf_drafter(path: str, target_vocab: int | None = None) -> RawDrafter:
-    """target_vocab: the target's vocabulary size, used when the file names none (a drafter
-    that borrows the target's embedding and head needs no vocabulary of its own)."""
-    g = read_gguf(path)
+def detect_dflash(g: GGUFFile, path: str) -> bool:
+    return g.architecture == "dflash"
+
+
+def detect_legacy(g: GGUFFile, path: str) -> bool:
+    return g.architecture == "dspark"
+
+
+def not_a_drafter(g: GGUFFile, path: str) -> MlxspecError:
+    return MlxspecError(
+        f"{path}: general.architecture = {g.architecture!r} is not a drafter (expected dflash or dspark); pass the "
+        "drafter GGUF, not the target"
+    )
+
+
+def read_gguf_drafter(path: str, g: GGUFFile, target_vocab: int | None = None) -> RawDrafter:
+    """g: the parsed file (arch dflash or dspark). target_vocab: the target's vocabulary
+    size, used when the file names none (a drafter that borrows the target's embedding and
+    head needs no vocabulary of its own)."""
     arch = g.architecture
-    if arch not in ("dflash", "dspark"):
-        raise MlxspecError(
-            f"{path}: general.architecture = {arch!r} is not a drafter (expected dflash or dspark); pass the "
-            "drafter GGUF, not the target"
-        )
     legacy = arch == "dspark"
     fmt = "gguf-dspark-legacy" if legacy else "gguf"
     m = _Meta(g, arch, legacy)
@@ -244,52 +267,14 @@ def read_gguf_drafter(path: str, target_vocab: int | None = None) -> RawDrafter:
     layout_key = m.special_key("sample_from_anchor") or (
         "dspark.sample_from_anchor" if legacy else "dflash.sample_from_anchor")
     sfa = m.special("sample_from_anchor")
-    layout_value = None if sfa is None else _bool(sfa, layout_key, path)
+    layout_value = None if sfa is None else parse_flag(sfa, layout_key, path)
 
-    notes: dict = {}
-    # Markov head
-    w1 = shapes.get(tn("markov_head.markov_w1.weight"))
-    rank_key = m.special_key("markov_rank")
-    if rank_key is not None:
-        rank = V.as_int(g.metadata[rank_key], rank_key, path, 0, V.MAX_DIM)
-        notes["Markov head"] = f"{rank_key}={rank}"
-    elif legacy:
-        rank = 0
-        notes["Markov head"] = "dspark.markov_rank is absent"
-    else:
-        rank = int(w1[1]) if (w1 is not None and len(w1) == 2) else 0
-        notes["Markov head"] = "no dflash.markov_rank; detected from markov_w1.weight"
-    # confidence head
-    conf_name = tn("confidence_head.proj.weight")
-    conf_keys = [k for k in (m.special_key("confidence_head"), m.special_key("has_confidence_head")) if k]
-    if len(conf_keys) == 2 and (_bool(g.metadata[conf_keys[0]], conf_keys[0], path)
-                                != _bool(g.metadata[conf_keys[1]], conf_keys[1], path)):
-        raise MlxspecError(
-            f"{path}: {conf_keys[0]}={g.metadata[conf_keys[0]]} and {conf_keys[1]}={g.metadata[conf_keys[1]]} "
-            "disagree; fix the metadata"
-        )
-    conf_key = conf_keys[0] if conf_keys else None
-    if conf_key is not None:
-        conf = _bool(g.metadata[conf_key], conf_key, path)
-        notes["confidence head"] = f"{conf_key}={'true' if conf else 'false'}"
-    elif legacy:
-        conf = False
-        notes["confidence head"] = "dspark.confidence_head is absent"
-    else:
-        conf = conf_name in shapes
-        notes["confidence head"] = "no dflash.confidence_head; detected from conf_proj.weight"
-    wm = m.special("confidence_head_with_markov")
-    cw = shapes.get(conf_name)
-    with_markov = (_bool(wm, m.special_key("confidence_head_with_markov"), path) if wm is not None
-                   else bool(cw is None or len(cw) != 2 or cw[1] != H))
-    # log-SNR conditioning: absent = off, bounds required when on (as llama.cpp)
-    snr_key = m.special_key("log_snr_conditioning")
-    log_snr = _bool(g.metadata[snr_key], snr_key, path) if snr_key else False
-    notes["log-SNR conditioning"] = (
-        f"{snr_key}={'true' if log_snr else 'false'}" if snr_key else
-        f"{'dspark' if legacy else 'dflash'}.log_snr_conditioning is absent")
+    model_shapes = {model_name(f, fmt): s for f, s in shapes.items() if model_name(f, fmt) is not None}
+    lookup = lambda key: None if m.special_key(key) is None else (m.special_key(key), m.special(key))  # noqa: E731
+    features, notes = infer_features(lookup, model_shapes, H, LEGACY_RULES if legacy else RULES, path)
+    # log-SNR bounds: required when on (as llama.cpp)
     lo, hi = m.special("min_log_snr"), m.special("max_log_snr")
-    if log_snr:
+    if features["log_snr"]:
         if lo is None or hi is None:
             raise MlxspecError(f"{path}: log-SNR conditioning is on but min_log_snr/max_log_snr are missing")
         lo = V.as_float(lo, f"{arch}.min_log_snr", path)
@@ -300,11 +285,7 @@ def read_gguf_drafter(path: str, target_vocab: int | None = None) -> RawDrafter:
     hi = V.as_float(hi, f"{arch}.max_log_snr", path, default=9.0)
 
     # vocabulary
-    draft_vocab = None
-    if "d2t" in shapes and not legacy:
-        draft_vocab = int(shapes["d2t"][0])
-    if legacy:
-        notes["reduced draft vocabulary"] = "the legacy dspark format has no reduced vocabulary"
+    draft_vocab = features["draft_vocab_size"]
     vocab = m.std("vocab_size")
     if vocab is None and "tokenizer.ggml.tokens" in g.metadata:
         vocab = len(g.metadata["tokenizer.ggml.tokens"])
@@ -322,29 +303,22 @@ def read_gguf_drafter(path: str, target_vocab: int | None = None) -> RawDrafter:
             "load it with its target, or re-export the drafter with its vocab_size"
         )
 
-    cfg = DrafterConfig(
+    spec = DrafterSpec(
         **dims,
+        **features,
         block_size=block,
         target_layer_ids=taps,
         mask_token_id=V.as_int(mask, "mask_token_id", path, 0, V.MAX_VOCAB),
         vocab_size=V.as_int(vocab, f"{arch}.vocab_size", path, 1, V.MAX_VOCAB),
-        markov_rank=rank,
-        markov_head_type="vanilla",
-        confidence_head=conf,
-        confidence_head_with_markov=with_markov,
-        log_snr=log_snr,
         min_log_snr=lo,
         max_log_snr=hi,
-        draft_vocab_size=draft_vocab,
-        has_embed=tn("embed_tokens.weight") in shapes,
-        has_lm_head=tn("lm_head.weight") in shapes,
         source_format=fmt,
         extra={"sliding_window": m.std("attention.sliding_window")},
     )
     # d2t without output.weight: the head is borrowed from the target's rows at the d2t
-    # ids (see drafter_hf.read_hf_drafter for why mlxspec writes such files).
+    # ids (see formats/speculators.py for why mlxspec writes such files).
     extra_claimed = {"fc.scale": (1,)} if (not legacy and "fc.scale" in shapes) else {}
-    claimed = claim_tensors(path, cfg, shapes, to_model=lambda f: model_name(f, fmt), to_file=tn,
+    claimed = claim_tensors(path, spec, shapes, to_model=lambda f: model_name(f, fmt), to_file=tn,
                             notes=notes, extra_claimed=extra_claimed)
     weights = {}
     for fname, mname in claimed.items():
@@ -356,7 +330,7 @@ def read_gguf_drafter(path: str, target_vocab: int | None = None) -> RawDrafter:
         s = float(np.asarray(_tensor_array(g, info_of["fc.scale"]), dtype=np.float32).reshape(-1)[0])
         w = weights["fc.weight"]
         weights["fc.weight"] = (w.astype(mx.float32) * s).astype(w.dtype)
-    return RawDrafter(cfg, weights, fmt, layout_key, layout_value, path=path)
+    return RawDrafter(spec, weights, fmt, layout_key, layout_value, path=path)
 
 
 # ----------------------------------------------------------------------------- writing
@@ -394,8 +368,6 @@ def write_gguf_drafter(model, cfg: DrafterConfig, path: str, fmt: str, doubled_p
             )
         if cfg.draft_vocab_size:
             raise MlxspecError(f"{path}: the legacy dspark GGUF format cannot hold a reduced vocabulary; write it as gguf")
-    elif fmt != "gguf":
-        raise MlxspecError(f"unknown GGUF drafter format {fmt!r}")
     elif doubled_prefix:
         raise MlxspecError("save_drafter: doubled_prefix applies only to gguf-dspark-legacy")
 
@@ -444,3 +416,11 @@ def write_gguf_drafter(model, cfg: DrafterConfig, path: str, fmt: str, doubled_p
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+
+
+def write_dflash(model, cfg: DrafterConfig, path: str, target=None, **options) -> None:
+    write_gguf_drafter(model, cfg, path, "gguf", **options)
+
+
+def write_legacy(model, cfg: DrafterConfig, path: str, target=None, **options) -> None:
+    write_gguf_drafter(model, cfg, path, "gguf-dspark-legacy", **options)

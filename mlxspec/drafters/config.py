@@ -1,0 +1,63 @@
+"""The normalised drafter config every on-disk format is read into.
+
+`DrafterSpec` is everything a drafter file says about itself except its block layout;
+the format readers produce it. `DrafterConfig` adds the layout (`sample_from_anchor`), a
+required field with no default: a loaded drafter gets it from
+`mlxspec.drafters.load.resolve_layout`, a new one (training, tests) from its author.
+Both are frozen, so a layout cannot be overwritten once set.
+
+Block layout: the block is [anchor, MASK, ..., MASK] at positions p..p+B-1 (p = the
+anchor's position).
+- anchor-first (True): row k predicts position p+k+1 -> B drafts.
+- bonus-anchor (False): row 0 predicts nothing; row j predicts p+j -> B-1 drafts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class DrafterSpec:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    block_size: int
+    target_layer_ids: list  # "output of layer k" convention (HF hidden_states[k+1])
+    mask_token_id: int
+    vocab_size: int  # the target vocabulary
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    markov_rank: int = 0
+    markov_head_type: str = "vanilla"  # vanilla | gated | rnn
+    confidence_head: bool = False
+    confidence_head_with_markov: bool = True
+    log_snr: bool = False
+    min_log_snr: float = -9.0
+    max_log_snr: float = 9.0
+    draft_vocab_size: int | None = None  # reduced draft vocabulary (d2t) when set
+    has_embed: bool = False  # file carries its own embed_tokens
+    has_lm_head: bool = False  # file carries its own lm_head
+    source_format: str = ""  # provenance: which format
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def lineage(self) -> str:
+        """DSpark iff a Markov head is present (the on-disk marker of the lineage)."""
+        return "dspark" if self.markov_rank > 0 else "dflash"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class DrafterConfig(DrafterSpec):
+    sample_from_anchor: bool  # the block layout: required, never defaulted
+    layout_reason: str = ""  # why the layout is what it is
+
+    @property
+    def n_drafts(self) -> int:
+        return self.block_size if self.sample_from_anchor else self.block_size - 1
