@@ -259,7 +259,7 @@ def stream_generate(
     policy = make_policy(target, drafter, spec)
     stats = SpecStats()
     sp = SamplingParams(temp, top_p, top_k)
-    detok = tokenizer.detokenizer() if callable(getattr(tokenizer, "detokenizer", None)) else tokenizer.detokenizer
+    detok = tokenizer.detokenizer
     detok.reset()
     eos = _eos_ids(tokenizer)
     text_so_far, sent, emitted = "", 0, 0  # with stop strings: text seen / already yielded

@@ -11,6 +11,7 @@ import os
 import sys
 
 from mlxspec.errors import MlxspecError
+from mlxspec.tokenizer import apply_chat_template
 
 
 class _Parser(argparse.ArgumentParser):
@@ -139,7 +140,7 @@ def prompt_ids(a, tok, prompt: str) -> list[int]:
         msgs = ([{"role": "system", "content": a.system_prompt}] if a.system_prompt else []) + [
             {"role": "user", "content": prompt}
         ]
-        text = tok.apply_chat_template(msgs, add_generation_prompt=True)
+        text = apply_chat_template(tok, msgs, add_generation_prompt=True)
         return tok.encode(text, add_special_tokens=False)
     return tok.encode(prompt)
 

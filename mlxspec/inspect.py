@@ -33,7 +33,7 @@ from mlxspec.gguf.file import read_gguf
 from mlxspec.hub import resolve
 from mlxspec.targets.gguf import SUPPORTED_ARCHS, gguf_config
 from mlxspec.targets.plan import model_classes, plan_target
-from mlxspec.tokenizer.build import load_gguf_tokenizer, load_hf_tokenizer
+from mlxspec.tokenizer import load_gguf_tokenizer, load_hf_tokenizer, tokenizer_family
 
 _BIG_META = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.token_type", "tokenizer.ggml.merges")
 
@@ -238,15 +238,15 @@ def _gguf_tokenizer_view(g, cfg: dict, lines: list[str], problems: list[str]) ->
         return
     emb = g.tensor_map().get("token_embd.weight")
     rows = emb.shape[0] if emb is not None else cfg["vocab_size"]
-    eog = ", ".join(f"{i} {tok.id_to_token(i)!r}" for i in sorted(tok.eos_token_ids))
+    eog = ", ".join(f"{i} {tok.convert_ids_to_tokens(i)!r}" for i in sorted(tok.eos_token_ids))
     lines.append(
-        f"  tokenizer: {tok.family}, {tok.vocab_size} tokens; bos {tok.bos_token!r} "
-        f"({'added' if tok.add_bos else 'not added'}); end of generation: {eog or 'none'}; "
+        f"  tokenizer: {tokenizer_family(g.metadata)}, {len(tok)} tokens; bos {tok.bos_token!r} "
+        f"({'added' if tok.add_bos_token else 'not added'}); end of generation: {eog or 'none'}; "
         f"chat template: {'yes' if tok.has_chat_template else 'no'}"
     )
-    if tok.vocab_size > rows:
+    if len(tok) > rows:
         problems.append(
-            f"tokenizer has {tok.vocab_size} tokens but the embedding has {rows} rows: the tokenizer does "
+            f"tokenizer has {len(tok)} tokens but the embedding has {rows} rows: the tokenizer does "
             "not belong to this model"
         )
 
@@ -383,12 +383,12 @@ def _dir_target_view(d: Path, config: dict, rows, lines: list[str], problems: li
         problems.append(f"tokenizer: {e}")
         return
     lines.append(
-        f"  tokenizer: tokenizer.json, {tok.vocab_size} tokens; bos {tok.bos_token!r}; eos {tok.eos_token!r}; "
+        f"  tokenizer: tokenizer.json, {len(tok)} tokens; bos {tok.bos_token!r}; eos {tok.eos_token!r}; "
         f"chat template: {'yes' if tok.has_chat_template else 'no'}"
     )
-    if emb_rows is not None and tok.vocab_size > emb_rows:
+    if emb_rows is not None and len(tok) > emb_rows:
         problems.append(
-            f"tokenizer has {tok.vocab_size} tokens but the embedding has {emb_rows} rows: the tokenizer does "
+            f"tokenizer has {len(tok)} tokens but the embedding has {emb_rows} rows: the tokenizer does "
             "not belong to this model"
         )
 

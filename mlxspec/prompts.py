@@ -14,6 +14,8 @@ import json
 import re
 from pathlib import Path
 
+from mlxspec.tokenizer import apply_chat_template
+
 PROMPTS_FILE = Path(__file__).parent / "data" / "prompts.json"
 
 CHAT_QUESTIONS = [
@@ -65,6 +67,6 @@ def load_prompts() -> dict[str, list[str]]:
 def encode_prompt(tokenizer, category: str, text: str) -> list[int]:
     """chat prompts go through the chat template; code/prose are raw continuations."""
     if category == "chat" and tokenizer.has_chat_template:
-        s = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+        s = apply_chat_template(tokenizer, [{"role": "user", "content": text}], add_generation_prompt=True)
         return tokenizer.encode(s, add_special_tokens=False)
     return tokenizer.encode(text)

@@ -36,6 +36,7 @@ def worker(job: dict) -> None:
     import mlx.core as mx
 
     from mlxspec import api, distributed
+    from mlxspec.tokenizer import apply_chat_template
 
     target, tok, spec = distributed.load(job["model"], job["draft"], mode=job["mode"], timeout=600,
                                          log=open(os.devnull, "w"), **job.get("spec_kw", {}))
@@ -53,7 +54,7 @@ def worker(job: dict) -> None:
     if target.rank != 0:
         target.serve()
         return
-    ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True),
+    ids = tok.encode(apply_chat_template(tok, [{"role": "user", "content": PROMPT}], add_generation_prompt=True),
                      add_special_tokens=False) if tok.has_chat_template else tok.encode(PROMPT)
     out = {"ranks": target.size, "mode": target.mode, "describe": target.describe(),
            "allreduce_replay_ms_per_forward": replay or None}

@@ -96,9 +96,9 @@ def tiny_tensors(seed: int = 0, layers: int | None = None) -> dict:
 
 def add_tiny_tokenizer(w) -> None:
     """A byte-level gpt2 vocabulary: 256 byte tokens, 'Ġt' + 'he' + 'Ġthe' merges, two control tokens."""
-    from mlxspec.tokenizer.build import _BYTE_ENCODER
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    tokens = [_BYTE_ENCODER[b] for b in range(256)] + ["Ġt", "he", "Ġthe", "<|endoftext|>", "<|im_end|>"]
+    tokens = [bytes_to_unicode()[b] for b in range(256)] + ["Ġt", "he", "Ġthe", "<|endoftext|>", "<|im_end|>"]
     types = [1] * (len(tokens) - 2) + [3, 3]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")

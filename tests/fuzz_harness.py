@@ -89,9 +89,9 @@ def target_spec():
         ("llama.attention.layer_norm_rms_epsilon", F32, 1e-5, None),
         ("llama.rope.freq_base", F32, 10000.0, None),
     ]
-    from mlxspec.tokenizer.build import _BYTE_ENCODER
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    tokens = [_BYTE_ENCODER[b] for b in range(256)] + ["Ġt", "he", "Ġthe", "<|endoftext|>", "<|im_end|>"]
+    tokens = [bytes_to_unicode()[b] for b in range(256)] + ["Ġt", "he", "Ġthe", "<|endoftext|>", "<|im_end|>"]
     md += [
         ("tokenizer.ggml.model", STR, "gpt2", None),
         ("tokenizer.ggml.pre", STR, "gpt-2", None),

@@ -158,14 +158,16 @@ def test_inspect_broken_drafter_is_a_problem(tmp_path):
 
 # ----------------------------------------------------------------------------- convert
 
-def test_tokenizer_save_hf_matches_mlx_lm(smollm2, tmp_path):
+def test_tokenizer_save_pretrained_matches_mlx_lm(smollm2, tmp_path):
     """tokenizer.json written from GGUF metadata: mlx_lm's tokenizer encodes, decodes and renders the
-    chat template exactly as mlxspec's Tokenizer does."""
+    chat template exactly as mlxspec's tokenizer does."""
     from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
+    from mlxspec.tokenizer import apply_chat_template
+
     _, tok = smollm2
-    tok.save_hf(tmp_path)
+    tok.save_pretrained(tmp_path)
     hf = load_tokenizer(tmp_path)
     for t in TEXTS:
         for special in (True, False):
@@ -173,25 +175,26 @@ def test_tokenizer_save_hf_matches_mlx_lm(smollm2, tmp_path):
         ids = tok.encode(t)
         assert hf.decode(ids) == tok.decode(ids)
     msgs = [{"role": "user", "content": "What is the capital of France?"}]
-    assert hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == tok.apply_chat_template(msgs)
+    assert hf.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False) == apply_chat_template(tok, msgs)
     assert isinstance(hf.detokenizer, BPEStreamingDetokenizer)
 
 
 @pytest.mark.parametrize("name,detok", [("llama-spm", "SPMStreamingDetokenizer"), ("phi-3", "SPMStreamingDetokenizer"),
                                         ("gpt-2", "BPEStreamingDetokenizer"), ("llama-bpe", "BPEStreamingDetokenizer"),
                                         ("qwen2", "BPEStreamingDetokenizer")])
-def test_tokenizer_save_hf_golden_vocabs(tmp_path, name, detok, golden_models):
+def test_tokenizer_save_pretrained_golden_vocabs(tmp_path, name, detok, golden_models):
     """llama.cpp's vocab-only GGUFs (cached by the tokenizer tests): the written tokenizer.json encodes
     llama.cpp's test texts exactly as mlxspec does, with and without BOS, SentencePiece included."""
     from conftest_vocab import GOLDEN_SEPARATOR
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
-    from mlxspec.tokenizer.build import load_gguf_tokenizer, read_gguf_metadata
+    from mlxspec.gguf.file import read_gguf
+    from mlxspec.tokenizer import load_gguf_tokenizer
 
     vocab = golden_models / f"ggml-vocab-{name}.gguf"
     inp = Path(str(vocab) + ".inp")
-    tok = load_gguf_tokenizer(read_gguf_metadata(vocab))
-    tok.save_hf(tmp_path)
+    tok = load_gguf_tokenizer(read_gguf(vocab).metadata)
+    tok.save_pretrained(tmp_path)
     hf = load_tokenizer(tmp_path)
     assert type(hf.detokenizer).__name__ == detok
     texts = inp.read_bytes().decode("utf-8").split(GOLDEN_SEPARATOR) + TEXTS  # bytes: keep \r as is

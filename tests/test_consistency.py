@@ -28,10 +28,11 @@ SHIPPED_DSPARK = os.path.join(os.path.dirname(__file__), "..", "mlxspec", "weigh
 @pytest.fixture(scope="module")
 def spm_tok(golden_models):
     """llama.cpp's llama-spm vocabulary: a tokenizer that adds BOS."""
-    from mlxspec.tokenizer.build import load_gguf_tokenizer, read_gguf_metadata
+    from mlxspec.gguf.file import read_gguf
+    from mlxspec.tokenizer import load_gguf_tokenizer
 
-    tok = load_gguf_tokenizer(read_gguf_metadata(golden_models / "ggml-vocab-llama-spm.gguf"))
-    assert tok.add_bos and tok.bos_token == "<s>"
+    tok = load_gguf_tokenizer(read_gguf(golden_models / "ggml-vocab-llama-spm.gguf").metadata)
+    assert tok.add_bos_token and tok.bos_token == "<s>"
     return tok
 
 

@@ -122,10 +122,11 @@ def test_tiny_equals_single_process(tiny, rid):
 
 def test_smollm2_pipeline_equals_single_process(smollm2_path, tmp_path):
     from mlxspec.targets.load import load_target
+    from mlxspec.tokenizer import apply_chat_template
 
     _, tok = load_target(str(smollm2_path))
-    text = tok.apply_chat_template([{"role": "user", "content": "Write a Python function that reverses a string."}],
-                                   add_generation_prompt=True)
+    text = apply_chat_template(tok, [{"role": "user", "content": "Write a Python function that reverses a string."}],
+                               add_generation_prompt=True)
     ids = tok.encode(text, add_special_tokens=False)
     cases = [{"prompt": ids, "max_tokens": 16, "temp": 0.0},
              {"prompt": ids, "max_tokens": 8, "temp": 0.7, "top_p": 0.9, "seed": 1}]

@@ -303,9 +303,10 @@ def test_trim_then_reforward_identical(smollm2):
 
 def test_smollm2_greedy_paris(smollm2):
     from mlxspec.engine.loop import generate_steps
+    from mlxspec.tokenizer import apply_chat_template
 
     target, tok = smollm2
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}])
+    prompt = apply_chat_template(tok, [{"role": "user", "content": "What is the capital of France?"}])
     ids = tok.encode(prompt, add_special_tokens=False)
     out = [t for step in generate_steps(target, ids, None, 16, eos_ids=tok.eos_token_ids) for t in step]
     assert "Paris" in tok.decode(out)

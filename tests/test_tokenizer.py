@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 
@@ -19,16 +20,17 @@ from conftest_vocab import (  # noqa: E402
     vocab_path,
 )
 
+from mlx_lm.tokenizer_utils import TokenizerWrapper  # noqa: E402
+
 from mlxspec.errors import MlxspecError  # noqa: E402
-from mlxspec.tokenizer.build import (  # noqa: E402
-    BPE_PRE_TOKENIZERS,
-    SUPPORTED_MODELS,
-    VERIFIED_BPE_PRE,
-    Tokenizer,
+from mlxspec.gguf.file import read_gguf  # noqa: E402
+from mlxspec.tokenizer import (  # noqa: E402
+    apply_chat_template,
     load_gguf_tokenizer,
     load_hf_tokenizer,
-    read_gguf_metadata,
+    tokenizer_family,
 )
+from mlxspec.tokenizer.pretokenizers import BPE_PRE_TOKENIZERS, SUPPORTED_MODELS, VERIFIED_BPE_PRE  # noqa: E402
 
 _MD_CACHE: dict = {}
 
@@ -36,7 +38,7 @@ _MD_CACHE: dict = {}
 def _metadata(path):
     key = str(path)
     if key not in _MD_CACHE:
-        _MD_CACHE[key] = read_gguf_metadata(path)
+        _MD_CACHE[key] = read_gguf(path).metadata
     return _MD_CACHE[key]
 
 
@@ -71,7 +73,7 @@ def test_golden_tokenization(name):
     bad = []
     for text, expected in cases:
         # test-tokenizer-0.cpp: add_special=false, parse_special=false
-        got = tok.encode(text, add_special_tokens=False, parse_special=False)
+        got = tok.encode(text, add_special_tokens=False, split_special_tokens=True)
         if got != expected:
             bad.append((text, expected, got))
     assert not bad, f"{name}: {len(bad)}/{len(cases)} differ, first: {bad[0]!r}"
@@ -83,7 +85,7 @@ def test_golden_roundtrip_and_stream(name):
     tok = load_gguf_tokenizer(md)
     for text, expected in read_golden(path):
         assert tok.decode(expected) == text, (name, text)
-        det = tok.detokenizer()
+        det = tok.detokenizer
         segs = []
         for t in expected:
             det.add_token(t)
@@ -115,7 +117,7 @@ def test_refused_golden_vocab(name):
 
 
 def test_reader_matches_gguf_reader():
-    """read_gguf_metadata agrees with gguf.GGUFReader on the tokenizer keys."""
+    """read_gguf agrees with gguf.GGUFReader on the tokenizer keys."""
     import gguf
 
     p, md = _vocab_metadata("phi-3")
@@ -139,14 +141,14 @@ def test_bos_conventions():
     _, md = _vocab_metadata("llama-spm")  # SentencePiece: BOS, space prefix
     tok = load_gguf_tokenizer(md)
     ids = tok.encode("Hello world")
-    assert ids[0] == 1 and tok.id_to_token(ids[1]) == "\u2581Hello"
+    assert ids[0] == 1 and tok.convert_ids_to_tokens(ids[1]) == "\u2581Hello"
     assert tok.decode(ids, skip_special_tokens=True) == "Hello world"
     assert tok.decode(ids) == "<s> Hello world"
     _, md = _vocab_metadata("qwen2")  # gpt2 model without add_bos_token: no BOS
     tok = load_gguf_tokenizer(md)
     assert tok.encode("Hello") == tok.encode("Hello", add_special_tokens=False)
-    assert tok.token_to_id("<|im_end|>") in tok.eos_token_ids
-    assert tok.token_to_id("<|endoftext|>") in tok.eos_token_ids
+    assert tok.convert_tokens_to_ids("<|im_end|>") in tok.eos_token_ids
+    assert tok.convert_tokens_to_ids("<|endoftext|>") in tok.eos_token_ids
 
 
 def test_spm_multibyte_stream():
@@ -154,8 +156,8 @@ def test_spm_multibyte_stream():
     tok = load_gguf_tokenizer(md)
     text = "naïve 🦙 日本 ok"
     ids = tok.encode(text, add_special_tokens=False)
-    assert any(tok.token_type(i) == 6 for i in ids)  # byte-fallback tokens
-    det = tok.detokenizer()
+    assert any(re.fullmatch("<0x[0-9A-F]{2}>", t) for t in tok.convert_ids_to_tokens(ids))  # byte-fallback tokens
+    det = tok.detokenizer
     out = []
     for i in ids:
         det.add_token(i)
@@ -171,12 +173,12 @@ def test_spm_multibyte_stream():
 # ---------------------------------------------------------------------------------------------
 
 def test_smol_roundtrip(smol):
-    assert isinstance(smol, Tokenizer)
-    assert smol.family == "gpt2/smollm"
-    assert smol.vocab_size == 49152
+    assert isinstance(smol, TokenizerWrapper)
+    assert tokenizer_family(_metadata(test_gguf_path()[0])) == "gpt2/smollm"
+    assert len(smol) == 49152
     ids = smol.encode("The capital of France is")
     assert ids and all(isinstance(i, int) for i in ids)
-    assert smol.bos_token_id not in ids[:1] or smol.add_bos  # GGUF says add_bos_token = false
+    assert smol.bos_token_id not in ids[:1] or smol.add_bos_token  # GGUF says add_bos_token = false
     assert smol.decode(ids) == "The capital of France is"
     # ~1 s on this machine kind's 2 shared cores (load average ~14), 4.7 s seen with tests running
     # alongside; the bound catches a pathological build, not noise
@@ -184,12 +186,12 @@ def test_smol_roundtrip(smol):
 
 
 def test_smol_special_tokens(smol):
-    im_start = smol.token_to_id("<|im_start|>")
-    im_end = smol.token_to_id("<|im_end|>")
-    assert smol.id_to_token(im_start) == "<|im_start|>"
+    im_start = smol.convert_tokens_to_ids("<|im_start|>")
+    im_end = smol.convert_tokens_to_ids("<|im_end|>")
+    assert smol.convert_ids_to_tokens(im_start) == "<|im_start|>"
     ids = smol.encode("<|im_start|>user\nhi<|im_end|>", add_special_tokens=False)
     assert ids[0] == im_start and ids[-1] == im_end
-    raw = smol.encode("<|im_start|>user", add_special_tokens=False, parse_special=False)
+    raw = smol.encode("<|im_start|>user", add_special_tokens=False, split_special_tokens=True)
     assert im_start not in raw
     assert smol.decode(ids) == "<|im_start|>user\nhi<|im_end|>"
     assert smol.decode(ids, skip_special_tokens=True) == "user\nhi"
@@ -200,26 +202,27 @@ def test_smol_special_tokens(smol):
 def test_smol_chat_template(smol):
     assert smol.has_chat_template and "<|im_start|>" in smol.chat_template
     msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi!"}]
-    s = smol.apply_chat_template(msgs)
+    s = apply_chat_template(smol, msgs)
     assert s == (
         "<|im_start|>system\nYou are terse.<|im_end|>\n"
         "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
     )
-    assert not smol.apply_chat_template(msgs, add_generation_prompt=False).endswith("assistant\n")
-    default_system = smol.apply_chat_template(msgs[1:])
+    assert not apply_chat_template(smol, msgs, add_generation_prompt=False).endswith("assistant\n")
+    default_system = apply_chat_template(smol, msgs[1:])
     assert default_system.startswith("<|im_start|>system\n") and default_system.endswith(
         "<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n"
     )
     ids = smol.encode(s, add_special_tokens=False)
-    assert ids.count(smol.token_to_id("<|im_start|>")) == 3
+    assert ids.count(smol.convert_tokens_to_ids("<|im_start|>")) == 3
 
 
 def test_chat_template_errors(smol):
     with pytest.raises(MlxspecError, match="boom"):
-        smol.apply_chat_template([], chat_template="{{ raise_exception('boom') }}")
+        apply_chat_template(smol, [], chat_template="{{ raise_exception('boom') }}")
     with pytest.raises(MlxspecError):  # the sandbox refuses attribute escapes
-        smol.apply_chat_template([], chat_template="{{ ''.__class__.__mro__ }}")
-    s = smol.apply_chat_template(
+        apply_chat_template(smol, [], chat_template="{{ ''.__class__.__mro__ }}")
+    s = apply_chat_template(
+        smol,
         [{"role": "user", "content": "é"}],
         chat_template="{% for m in messages %}{{ m | tojson }}{% endfor %}"
         "{% generation %}x{% endgeneration %}",
@@ -258,14 +261,14 @@ def test_hf_tokenizer_json(smol, tmp_path):
     for t in texts:
         assert tok.encode(t, add_special_tokens=False) == smol.encode(t, add_special_tokens=False), t
     msgs = [{"role": "user", "content": "Hi"}]
-    assert tok.apply_chat_template(msgs) == smol.apply_chat_template(msgs)
+    assert apply_chat_template(tok, msgs) == apply_chat_template(smol, msgs)
     ids = tok.encode("<|im_start|>user\nhé<|im_end|>", add_special_tokens=False)
     assert ids == smol.encode("<|im_start|>user\nhé<|im_end|>", add_special_tokens=False)
     assert tok.decode(ids) == "<|im_start|>user\nhé<|im_end|>"
     assert tok.decode(ids, skip_special_tokens=True) == "user\nhé"
-    assert tok.eos_token_id == smol.token_to_id("<|im_end|>") and tok.eos_token_id in tok.eos_token_ids
-    raw = tok.encode("<|im_start|>", add_special_tokens=False, parse_special=False)
-    assert smol.token_to_id("<|im_start|>") not in raw
+    assert tok.eos_token_id == smol.convert_tokens_to_ids("<|im_end|>") and tok.eos_token_id in tok.eos_token_ids
+    raw = tok.encode("<|im_start|>", add_special_tokens=False, split_special_tokens=True)
+    assert smol.convert_tokens_to_ids("<|im_start|>") not in raw
 
 
 def test_hf_missing(tmp_path):
@@ -278,9 +281,9 @@ def test_hf_missing(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 def _tiny_gpt2(as_numpy: bool, pre="gpt-2", **extra):
-    from mlxspec.tokenizer.build import _BYTE_ENCODER
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-    chars = [_BYTE_ENCODER[b] for b in range(256)]
+    chars = [bytes_to_unicode()[b] for b in range(256)]
     merged = ["Ġt", "he", "Ġthe", "Ġw", "or", "Ġwor", "ld", "Ġworld"]
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tokens = chars + merged + specials
@@ -306,10 +309,10 @@ def test_synthetic_lists_and_numpy_agree():
     text = "hello the world<|im_end|>"
     assert a.encode(text) == b.encode(text)
     ids = a.encode(" the world")
-    assert [a.id_to_token(i) for i in ids] == ["Ġthe", "Ġworld"]
+    assert a.convert_ids_to_tokens(ids) == ["Ġthe", "Ġworld"]
     assert a.decode(a.encode(text)) == text
-    assert a.eos_token_ids == {a.token_to_id("<|im_end|>"), a.token_to_id("<|endoftext|>")}
-    assert a.bos_token_id == a.token_to_id("<|endoftext|>")
+    assert a.eos_token_ids == {a.convert_tokens_to_ids("<|im_end|>"), a.convert_tokens_to_ids("<|endoftext|>")}
+    assert a.bos_token_id == a.convert_tokens_to_ids("<|endoftext|>")
     assert a.encode("x")[:1] != [a.bos_token_id]  # gpt-2 does not add BOS by default
     c = load_gguf_tokenizer(_tiny_gpt2(False, **{"tokenizer.ggml.add_bos_token": True}))
     assert c.encode("x")[0] == c.bos_token_id
@@ -346,7 +349,7 @@ def test_stream_splits_multibyte_bytes():
     text = "é🦙 x"
     ids = tok.encode(text)
     assert len(ids) == len(text.encode("utf-8"))  # one token per byte in this tiny vocab
-    det = tok.detokenizer()
+    det = tok.detokenizer
     segs = []
     for i in ids:
         det.add_token(i)
@@ -354,16 +357,16 @@ def test_stream_splits_multibyte_bytes():
     assert segs[:2] == ["", "é"] and segs[2:5] == ["", "", ""] and segs[5] == "🦙"
     det.finalize()
     assert det.text == text
-    det2 = tok.detokenizer()
+    det2 = tok.detokenizer
     det2.add_token(ids[0])
     det2.finalize()  # a dangling partial character becomes U+FFFD at the end
     assert det2.text == "\ufffd"
 
 
-def test_read_gguf_metadata_errors(tmp_path):
+def test_read_gguf_errors(tmp_path):
     p = tmp_path / "x.gguf"
     p.write_bytes(b"NOPE" + b"\0" * 20)
     with pytest.raises(MlxspecError, match="not a GGUF"):
-        read_gguf_metadata(p)
-    with pytest.raises(MlxspecError, match="cannot open"):
-        read_gguf_metadata(tmp_path / "absent.gguf")
+        read_gguf(p)
+    with pytest.raises(MlxspecError, match="no such file"):
+        read_gguf(tmp_path / "absent.gguf")

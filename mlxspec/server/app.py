@@ -26,6 +26,7 @@ from starlette.routing import Route
 
 from mlxspec.errors import MlxspecError
 from mlxspec.server.worker import Job, Worker
+from mlxspec.tokenizer import apply_chat_template
 
 
 class APIError(Exception):
@@ -181,7 +182,7 @@ class Server:
         self.context = int(worker.target.config.get("max_position_embeddings") or 0) or None
         self.api_key = args.api_key
         tmpl = getattr(tok, "chat_template", None) or ""
-        self.tool_markup = TOOL_OPEN in tmpl or getattr(tok, "token_to_id", lambda t: None)(TOOL_OPEN) is not None
+        self.tool_markup = TOOL_OPEN in tmpl or TOOL_OPEN in tok.get_vocab()
 
     # -- helpers -------------------------------------------------------------------
     def check_key(self, request: Request):
@@ -307,7 +308,7 @@ class Server:
             ids = await asyncio.to_thread(self.tok.encode, text)
         else:
             def render():
-                t = self.tok.apply_chat_template(msgs, add_generation_prompt=True, tools=tools or None)
+                t = apply_chat_template(self.tok, msgs, add_generation_prompt=True, tools=tools or None)
                 return self.tok.encode(t, add_special_tokens=False)
             try:
                 ids = await asyncio.to_thread(render)

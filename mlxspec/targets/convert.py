@@ -76,7 +76,7 @@ def convert_to_mlx(model_path: str | None, out: str, dtype: str = "keep", force:
 
 
 def _write_mlx_dir(out_p: Path, tok, model, cfg: dict) -> None:
-    tok.save_hf(out_p)  # before the weights: an unsupported vocabulary fails fast
+    tok.save_pretrained(out_p)
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(out_p / "model.safetensors"), weights, metadata={"format": "mlx"})
     cfg["architectures"] = [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",

@@ -6,11 +6,12 @@ import os
 from pathlib import Path
 
 import mlx.core as mx
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 from mlxspec.errors import MlxspecError
 from mlxspec.targets.model import Target, dequantize_model
 from mlxspec.targets.plan import model_classes
-from mlxspec.tokenizer.build import Tokenizer, load_gguf_tokenizer, load_hf_tokenizer
+from mlxspec.tokenizer import load_gguf_tokenizer, load_hf_tokenizer
 
 
 def default_dense() -> bool:
@@ -36,8 +37,8 @@ def resolve_model_path(path: str | None) -> str:
     return resolve(str(path), "model")
 
 
-def load_target(path: str | None = None, dense: bool | None = None) -> tuple[Target, Tokenizer]:
-    """-> (Target, Tokenizer). `path` None -> the default SmolLM2-135M-Instruct GGUF.
+def load_target(path: str | None = None, dense: bool | None = None) -> tuple[Target, TokenizerWrapper]:
+    """-> (Target, mlx-lm TokenizerWrapper). `path` None -> the default SmolLM2-135M-Instruct GGUF.
 
     dense: None = float32 dense on CPU, keep quantized on Metal/CUDA.
     """
@@ -57,9 +58,9 @@ def load_target(path: str | None = None, dense: bool | None = None) -> tuple[Tar
     if dense:
         dequantize_model(model, mx.float32)
     target = Target(model, config, source=str(p), notes=notes)
-    if tok.vocab_size > target.info.vocab_size:
+    if len(tok) > target.info.vocab_size:
         raise MlxspecError(
-            f"{path}: tokenizer has {tok.vocab_size} tokens but the model's embedding has "
+            f"{path}: tokenizer has {len(tok)} tokens but the model's embedding has "
             f"{target.info.vocab_size} rows; the tokenizer does not belong to this model"
         )
     return target, tok

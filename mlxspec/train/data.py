@@ -77,7 +77,7 @@ def token_windows(files, tokenizer, seq_len: int, max_tokens: int, seed: int = 0
         text = read_text(files[i].path)
         if len(text) < 200:
             continue
-        ids = tokenizer.encode(text, add_special_tokens=False, parse_special=False)
+        ids = tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
         for s in range(0, len(ids) - seq_len + 1, seq_len):
             wins.append(ids[s : s + seq_len])
             total += seq_len
