@@ -30,7 +30,11 @@ from pathlib import Path
 
 import jinja2
 import numpy as np
-from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, SPMStreamingDetokenizer, TokenizerWrapper
+from mlx_lm.tokenizer_utils import (
+    BPEStreamingDetokenizer,
+    SPMStreamingDetokenizer,
+    TokenizerWrapper,
+)
 from mlx_lm.tokenizer_utils import load as mlx_lm_load_tokenizer
 from tokenizers import AddedToken, Regex, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as HFTokenizer
@@ -38,7 +42,12 @@ from transformers import PreTrainedTokenizerFast
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from mlxspec.errors import MlxspecError
-from mlxspec.tokenizer.pretokenizers import BPE_PRE_TOKENIZERS, REFUSED_MODELS, SUPPORTED_MODELS, _Pre
+from mlxspec.tokenizer.pretokenizers import (
+    BPE_PRE_TOKENIZERS,
+    REFUSED_MODELS,
+    SUPPORTED_MODELS,
+    _Pre,
+)
 
 # Token types in GGUF (llama.cpp's llama_token_type).
 TOKEN_NORMAL, TOKEN_UNKNOWN, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED, TOKEN_BYTE = 1, 2, 3, 4, 5, 6
@@ -277,7 +286,7 @@ def load_gguf_tokenizer(metadata: dict) -> TokenizerWrapper:
         try:
             bpe = models.BPE(vocab=vocab, merges=merges, byte_fallback=model == "gemma4",
                              ignore_merges=pre is not None and pre.ignore_merges)
-        except Exception as e:  # the tokenizers library's own error, e.g. a merge of unknown tokens
+        except Exception as e:  # noqa: BLE001 - the tokenizers library's own error, e.g. a merge of unknown tokens
             raise MlxspecError(f"tokenizer.ggml.merges do not fit tokenizer.ggml.tokens "
                                f"({str(e).splitlines()[0][:100]}); the file is corrupt") from None
         hf = HFTokenizer(bpe)
@@ -349,11 +358,11 @@ def load_hf_tokenizer(path: str | os.PathLike) -> TokenizerWrapper:
     if cfg_path.is_file():
         try:
             json.loads(cfg_path.read_text(encoding="utf-8"))
-        except Exception as e:
+        except (ValueError, OSError) as e:
             raise MlxspecError(f"{cfg_path}: invalid JSON ({e})") from None
     try:
         tok = mlx_lm_load_tokenizer(d)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - transformers/tokenizers raise many kinds for a bad file
         raise MlxspecError(f"{tj}: cannot read tokenizer.json ({e})") from None
     det = tok.detokenizer
     if type(det) is BPEStreamingDetokenizer:
@@ -361,8 +370,8 @@ def load_hf_tokenizer(path: str | os.PathLike) -> TokenizerWrapper:
     elif type(det) is SPMStreamingDetokenizer and det.trim_space:
         tok._detokenizer = SentencePieceDetokenizer(tok._tokenizer)
     template = tok.chat_template
-    im_end = tok.convert_tokens_to_ids("<|im_end|>")
-    if isinstance(template, str) and "<|im_end|>" in template and isinstance(im_end, int):
+    im_end = tok.get_vocab().get("<|im_end|>")
+    if isinstance(template, str) and "<|im_end|>" in template and im_end is not None:
         tok.add_eos_token(im_end)
     gen = d / "generation_config.json"
     if gen.is_file():
@@ -371,7 +380,7 @@ def load_hf_tokenizer(path: str | os.PathLike) -> TokenizerWrapper:
             for x in g if isinstance(g, list) else [g]:
                 if x is not None:
                     tok.add_eos_token(int(x))
-        except Exception:
+        except (ValueError, TypeError, AttributeError, OSError):  # an unreadable file adds no ids
             pass
     return tok
 

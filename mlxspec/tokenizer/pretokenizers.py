@@ -4,8 +4,8 @@ with the regexes that split text before BPE (``src/llama-vocab.cpp``) and the de
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 #: ``tokenizer.ggml.model`` values this module builds a tokenizer for.
 SUPPORTED_MODELS = ("gpt2", "llama", "gemma4")
@@ -58,8 +58,8 @@ _RE_DEEPSEEK_V3 = [r"\p{N}{1,3}", r"[\x{4e00}-\x{9fa5}\x{3040}-\x{309f}\x{30a0}-
 _RE_SPARK2_5 = [
     r"\p{N}{1,3}",
     r"[\x{4e00}-\x{9fa5}\x{3040}-\x{309f}\x{30a0}-\x{30ff}]+",
-    r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
-    r"| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+",
+    (r"[!\"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+"
+     r"| ?[\p{P}\p{S}]+|[\r\n]|\s+(?!\S)|\s+"),
     r"\p{N}",
 ]
 _RE_FALCON = [r"[\p{P}\$\+<=>\^~\|`]+", _RE_GPT2, r"[0-9][0-9][0-9]"]
