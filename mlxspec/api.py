@@ -39,7 +39,7 @@ def shipped_drafter(kind: str = "dspark") -> Path | None:
     return p if p.exists() else None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Speculator:
     """How to speculate: a drafter plus the knobs of the loop."""
 
@@ -50,7 +50,7 @@ class Speculator:
     num_draft_tokens: int | None = None
     description: str = "autoregressive"
     # adaptive: the verify length (down to 0 = an autoregressive step) is chosen each step
-    # from the measured verify cost and this request's acceptance (spec/policy.py);
+    # from the measured verify cost and this request's acceptance (engine/policy.py);
     # fixed: always the full block / num_draft_tokens (the old --schedule and p_min apply)
     policy: str = "adaptive"
 
@@ -80,13 +80,13 @@ class GenerationResponse:
 def load(
     model: str | None = None,
     draft: str | None = "auto",
+    *,
     spec_type: str = "auto",
     block_size: int | None = None,
     num_draft_tokens: int | None = None,
     p_min: float | None = None,
     schedule: bool = False,
     log=sys.stderr,
-    *,
     policy: str | None = None,
     ngram: bool = True,
 ):
@@ -115,7 +115,7 @@ def load(
                 print(f"mlxspec: --draft auto: {describe(str(model))}", file=log)
             ship = entry["path"] if entry else None
         draft = str(ship) if (ship and spec_type != "none") else None
-    spec = load_speculator(draft, target, spec_type, block_size, num_draft_tokens, p_min, schedule, log,
+    spec = load_speculator(draft, target, spec_type=spec_type, block_size=block_size, num_draft_tokens=num_draft_tokens, p_min=p_min, schedule=schedule, log=log,
                            policy=policy, ngram=ngram)
     return target, tok, spec
 
@@ -123,13 +123,13 @@ def load(
 def load_speculator(
     draft: str | None,
     target: Target,
+    *,
     spec_type: str = "auto",
     block_size: int | None = None,
     num_draft_tokens: int | None = None,
     p_min: float | None = None,
     schedule: bool = False,
     log=sys.stderr,
-    *,
     policy: str | None = None,
     ngram: bool = False,
 ) -> Speculator:
@@ -146,8 +146,8 @@ def load_speculator(
     if spec_type == "ngram":
         n = num_draft_tokens or 8
         vocab = target.info.vocab_size
-        return Speculator(lambda t: NgramDrafter(vocab, n), "ngram", None, False, n,
-                          f"ngram prompt lookup n={n}", policy)
+        return Speculator(drafter_factory=lambda t: NgramDrafter(vocab, n), spec_type="ngram", p_min=None, schedule=False, num_draft_tokens=n,
+                          description=f"ngram prompt lookup n={n}", policy=policy)
     if spec_type == "none" or (draft is None and spec_type == "auto"):
         return Speculator()
     if draft is None:
@@ -162,8 +162,8 @@ def load_speculator(
                 f"({target.info.vocab_size}); draft-simple needs a model with the same tokenizer"
             )
         n = num_draft_tokens or 4
-        return Speculator(lambda t: SimpleDrafter(dmodel, n), "draft-simple", None, False, n,
-                          f"draft-simple {Path(draft).name} n={n}", policy)
+        return Speculator(drafter_factory=lambda t: SimpleDrafter(dmodel, n), spec_type="draft-simple", p_min=None, schedule=False, num_draft_tokens=n,
+                          description=f"draft-simple {Path(draft).name} n={n}", policy=policy)
     from mlxspec.drafters.load import load_drafter
 
     dmodel, cfg = load_drafter(draft, target.info, requested=spec_type, log=log)
@@ -184,11 +184,11 @@ def load_speculator(
         p_min, schedule = None, False
     bs = block_size or cfg.block_size
     if ngram:
-        return Speculator(lambda t: LookupBlockDrafter(BlockDrafter(dmodel, t, bs), t.info.vocab_size),
-                          f"draft-{cfg.lineage}+ngram", p_min, schedule, None,
-                          f"{cfg.lineage}+ngram {Path(draft).name} block={bs}", policy)
-    return Speculator(lambda t: BlockDrafter(dmodel, t, bs), f"draft-{cfg.lineage}", p_min, schedule, None,
-                      f"{cfg.lineage} {Path(draft).name} block={bs}", policy)
+        return Speculator(drafter_factory=lambda t: LookupBlockDrafter(BlockDrafter(dmodel, t, bs), t.info.vocab_size),
+                          spec_type=f"draft-{cfg.lineage}+ngram", p_min=p_min, schedule=schedule, num_draft_tokens=None,
+                          description=f"{cfg.lineage}+ngram {Path(draft).name} block={bs}", policy=policy)
+    return Speculator(drafter_factory=lambda t: BlockDrafter(dmodel, t, bs), spec_type=f"draft-{cfg.lineage}", p_min=p_min, schedule=schedule, num_draft_tokens=None,
+                      description=f"{cfg.lineage} {Path(draft).name} block={bs}", policy=policy)
 
 
 def as_target(model) -> Target:
@@ -229,13 +229,13 @@ def stream_generate(
     tokenizer,
     prompt: str | list[int],
     speculator: Speculator | None = None,
+    *,
     max_tokens: int = 256,
     temp: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
     seed: int | None = 0,
     stop: list[str] | None = None,
-    *,
     drafter=None,
     cache: list | None = None,
 ) -> Iterator[GenerationResponse]:
@@ -265,7 +265,7 @@ def stream_generate(
     text_so_far, sent, emitted = "", 0, 0  # with stop strings: text seen / already yielded
     stop = [s for s in (stop or []) if s]
     mx.reset_peak_memory()
-    steps = generate_steps(target, ids, drafter, max_tokens, sp, seed, eos, spec.p_min, sched, spec.num_draft_tokens, stats,
+    steps = generate_steps(target, ids, drafter=drafter, max_tokens=max_tokens, sampling=sp, seed=seed, eos_ids=eos, p_min=spec.p_min, scheduler=sched, max_drafts=spec.num_draft_tokens, stats=stats,
                            cache=cache, policy=policy)
     finished = False
     for committed in steps:
@@ -308,7 +308,7 @@ def stream_generate(
             break
 
 
-def generate(model, tokenizer, prompt, speculator=None, verbose: bool = False, **kw) -> str:
+def generate(model, tokenizer, prompt, speculator=None, *, verbose: bool = False, **kw) -> str:
     text, last = "", None
     for r in stream_generate(model, tokenizer, prompt, speculator, **kw):
         if verbose:

@@ -166,7 +166,7 @@ def mlxspec_runner(target, eos, speculator=None):
         drafter = speculator.make_drafter(target) if speculator else None
         policy = make_policy(target, drafter, speculator) if speculator else None  # per request, as in generate
         out, t_first = [], None
-        for step in generate_steps(target, ids, drafter, max_tokens, SamplingParams(temp), seed, eos, stats=st,
+        for step in generate_steps(target, ids, drafter=drafter, max_tokens=max_tokens, sampling=SamplingParams(temp), seed=seed, eos_ids=eos, stats=st,
                                    policy=policy):
             if t_first is None:
                 t_first = time.perf_counter()
@@ -192,8 +192,8 @@ def random_weights(spec, path, target, log):
     if cfg.draft_vocab_size:
         rnd.d2t = model.d2t
     mx.eval(rnd.parameters())
-    return Speculator(lambda t: BlockDrafter(rnd, t), spec.spec_type, None, False, None,
-                      f"{spec.description} (random weights)", spec.policy)
+    return Speculator(drafter_factory=lambda t: BlockDrafter(rnd, t), spec_type=spec.spec_type, p_min=None, schedule=False, num_draft_tokens=None,
+                      description=f"{spec.description} (random weights)", policy=spec.policy)
 
 
 def mlx_lm_runner(model, tokenizer):
@@ -455,7 +455,7 @@ def cmd_bench(a) -> int:
     def speculator(cfg, target, log):
         kind, path = cfg["kind"], cfg["path"]
         n = a.num_draft_tokens if kind == "draft-simple" else None
-        spec = load_speculator(path, target, "ngram" if kind == "ngram" else kind, num_draft_tokens=n, log=log,
+        spec = load_speculator(path, target, spec_type="ngram" if kind == "ngram" else kind, num_draft_tokens=n, log=log,
                                policy=cfg["policy"], ngram=cfg.get("ngram", False))
         if cfg.get("random"):
             spec = random_weights(spec, path, target, log)

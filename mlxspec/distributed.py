@@ -466,7 +466,7 @@ def load(model: str | None = None, draft: str | None = "auto", spec_type: str = 
         if draft == "auto":
             ship = api.shipped_drafter("dspark") if model is None else None
             draft = str(ship) if (ship and spec_type != "none") else None
-        spec = api.load_speculator(draft, target, spec_type, block_size, num_draft_tokens, p_min, schedule, log,
+        spec = api.load_speculator(draft, target, spec_type=spec_type, block_size=block_size, num_draft_tokens=num_draft_tokens, p_min=p_min, schedule=schedule, log=log,
                                    **spec_kw)
     return target, tok, spec
 
@@ -489,7 +489,7 @@ def launched() -> bool:
 
 def cmd_generate(a) -> int:
     """`mlxspec generate` under mlx.launch: rank 0 generates and prints, the others serve."""
-    from mlxspec.cli import check_blas, check_generate_args, print_generation, prompt_ids, read_prompt
+    from mlxspec.args import check_blas, check_generate_args, print_generation, prompt_ids, read_prompt
 
     rank = int(os.environ.get("MLX_RANK", "0") or 0)
     check_generate_args(a)  # the same flags on every rank: all refuse alike, before loading

@@ -18,7 +18,7 @@ def run_prompts(target, tokenizer, drafter_factory, prompts: list[list[int]], ma
         st = SpecStats()
         d = drafter_factory(target) if drafter_factory else None
         out = []
-        for c in generate_steps(target, ids, d, max_tokens, sampling, seed + i, tokenizer.eos_token_ids,
+        for c in generate_steps(target, ids, drafter=d, max_tokens=max_tokens, sampling=sampling, seed=seed + i, eos_ids=tokenizer.eos_token_ids,
                                 stats=st, **kw):
             out += c
         outs.append(out)
@@ -56,7 +56,7 @@ def evaluate_drafter(target, tokenizer, drafter_path, n_per_category: int = 8, m
                      categories=("code", "prose", "chat"), block_size=None, log=sys.stderr) -> dict:
     from mlxspec.api import load_speculator
 
-    spec = load_speculator(str(drafter_path), target, "auto", block_size=block_size, log=log)
+    spec = load_speculator(str(drafter_path), target, spec_type="auto", block_size=block_size, log=log)
     prompts = load_prompts()
     res = {}
     for cat in categories:

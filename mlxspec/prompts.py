@@ -4,7 +4,7 @@
   completes the function body);
 - prose: held-out Python-docs reST files cut after ~600 characters of a paragraph;
 - chat: a few fixed questions, rendered with the model's chat template.
-The set is written once to `mlxspec/data/prompts.json` (scripts/make_prompts.py) so that
+The set is written once to `mlxspec/data/prompts.json` (`build_prompts`) so that
 every run compares the same prompts.
 """
 
@@ -14,6 +14,7 @@ import json
 import re
 from pathlib import Path
 
+from mlxspec.corpus import corpus_files, read_text
 from mlxspec.tokenizer import apply_chat_template
 
 PROMPTS_FILE = Path(__file__).parent / "data" / "prompts.json"
@@ -31,8 +32,6 @@ CHAT_QUESTIONS = [
 
 
 def build_prompts(n_per_category: int = 16, max_chars: int = 1200) -> dict[str, list[str]]:
-    from mlxspec.train.data import corpus_files, read_text
-
     files = corpus_files(None, "heldout")
     code, prose = [], []
     for f in files:

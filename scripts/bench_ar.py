@@ -57,7 +57,7 @@ def run_mlxspec(target, ids: list[int], n: int) -> tuple[list[int], float]:
 
     out: list[int] = []
     t_first = None
-    for step in generate_steps(target, ids, None, n, eos_ids=frozenset()):
+    for step in generate_steps(target, ids, drafter=None, max_tokens=n, eos_ids=frozenset()):
         if t_first is None:
             t_first = time.perf_counter()
         out.extend(step)

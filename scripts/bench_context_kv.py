@@ -34,7 +34,7 @@ class OldKV(BlockDrafter):  # the pre-fix accept: concatenate the whole context 
 
 
 target, tok = load_target()
-spec = load_speculator("mlxspec/weights/smollm2-135m-dspark", target, "auto", log=io.StringIO())
+spec = load_speculator("mlxspec/weights/smollm2-135m-dspark", target, spec_type="auto", log=io.StringIO())
 new = spec.make_drafter(target)
 old = OldKV(new.model, target)
 H = target.info.hidden_size; T = len(new.taps)

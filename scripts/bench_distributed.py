@@ -59,11 +59,11 @@ def worker(job: dict) -> None:
     out = {"ranks": target.size, "mode": target.mode, "describe": target.describe(),
            "allreduce_replay_ms_per_forward": replay or None}
     with target:
-        list(api.stream_generate(target, tok, ids, spec, 8))  # warm-up
+        list(api.stream_generate(target, tok, ids, spec, max_tokens=8))  # warm-up
         for name, sp in (("ar", api.Speculator()), ("spec", spec)):
             s0 = distributed.DistStats(**vars(target.stats))
             last = None
-            for r in api.stream_generate(target, tok, ids, sp, job["max_tokens"]):
+            for r in api.stream_generate(target, tok, ids, sp, max_tokens=job["max_tokens"]):
                 last = r
             st, d = last.stats, target.stats
             n = max(d.forwards - s0.forwards, 1)

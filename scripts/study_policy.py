@@ -34,8 +34,8 @@ def main():
     target, tok, _ = api.load(None, None)
     ds = str(api.shipped_drafter("dspark"))
     specs = {
-        "ngram, fixed 8": api.load_speculator(None, target, "ngram", policy="fixed"),
-        "ngram, adaptive": api.load_speculator(None, target, "ngram"),
+        "ngram, fixed 8": api.load_speculator(None, target, spec_type="ngram", policy="fixed"),
+        "ngram, adaptive": api.load_speculator(None, target, spec_type="ngram"),
         "DSpark, fixed block": api.load_speculator(ds, target, policy="fixed"),
         "DSpark, adaptive": api.load_speculator(ds, target),
         "DSpark + ngram, adaptive": api.load_speculator(ds, target, ngram=True),
@@ -56,7 +56,7 @@ def main():
                 pol = VerifyPolicy(COST, d.max_drafts) if spec.policy == "adaptive" else None
                 drafted_steps = []
                 out = []
-                for s in generate_steps(target, ids, d, a.max_tokens, SamplingParams(), 0, eos, stats=st, policy=pol):
+                for s in generate_steps(target, ids, drafter=d, max_tokens=a.max_tokens, sampling=SamplingParams(), seed=0, eos_ids=eos, stats=st, policy=pol):
                     out += s
                     drafted_steps.append(st.draft_time)
                 outs.append(out)

@@ -28,8 +28,8 @@ def run_one(run: dict) -> dict | None:
     with target:
         for c in run["cases"]:
             toks, last = [], None
-            for r in api.stream_generate(target, tok, c["prompt"], spec, c.get("max_tokens", 24), c.get("temp", 0.0),
-                                         c.get("top_p", 1.0), 0, c.get("seed", 0)):
+            for r in api.stream_generate(target, tok, c["prompt"], spec, max_tokens=c.get("max_tokens", 24), temp=c.get("temp", 0.0),
+                                         top_p=c.get("top_p", 1.0), top_k=0, seed=c.get("seed", 0)):
                 toks.append(r.token)
                 last = r
                 if c.get("progress"):

@@ -840,7 +840,7 @@ def _run_api(req, state, api, MlxspecError):
         if "load" in a:
             kw = dict(a["load"])
             spec_type = kw.pop("spec_type", "auto")
-            api.load_speculator(req["drafter"], target, spec_type, log=io.StringIO(), **kw)
+            api.load_speculator(req["drafter"], target, spec_type=spec_type, log=io.StringIO(), **kw)
             return {"rc": 0}
         kw = {"prompt": PROMPT, "max_tokens": int(MAX_TOKENS), **a["kwargs"]}
         prompt = kw.pop("prompt")

@@ -43,7 +43,7 @@ def sm(smollm2):
     """(target, tokenizer, prompt ids, autoregressive greedy tokens, their text)."""
     target, tok = smollm2
     ids = tok.encode(PROMPT, add_special_tokens=False)
-    ar = [t for s in generate_steps(target, ids, None, N) for t in s]
+    ar = [t for s in generate_steps(target, ids, drafter=None, max_tokens=N) for t in s]
     return target, tok, ids, ar, tok.decode(ar)
 
 
@@ -127,7 +127,7 @@ def test_stop_strings(sm, stop):
     spans several tokens of one accepted block; a stop string that never completes holds
     nothing back at the end."""
     target, tok, ids, ar, full = sm
-    spec = api.Speculator(lambda t: SimpleDrafter(t, 4), "draft-simple", description="self")
+    spec = api.Speculator(drafter_factory=lambda t: SimpleDrafter(t, 4), spec_type="draft-simple", description="self")
     rs = list(api.stream_generate(target, tok, ids, spec, max_tokens=N, stop=stop))
     text = "".join(r.text for r in rs)
     hits = [full.find(s) for s in stop if s in full]
@@ -143,7 +143,7 @@ def test_stop_strings(sm, stop):
 @pytest.mark.parametrize("max_tokens", [1, 5, 9])
 def test_max_tokens_exact_through_the_api(sm, max_tokens):
     target, tok, ids, ar, _ = sm
-    spec = api.Speculator(lambda t: SimpleDrafter(t, 4), "draft-simple", description="self")
+    spec = api.Speculator(drafter_factory=lambda t: SimpleDrafter(t, 4), spec_type="draft-simple", description="self")
     rs = list(api.stream_generate(target, tok, ids, spec, max_tokens=max_tokens))
     assert [r.token for r in rs] == ar[:max_tokens]
     assert rs[-1].finish_reason == "length" and rs[-1].generation_tokens == max_tokens
@@ -157,7 +157,7 @@ def test_eos_finishes_with_stop(sm):
         eos_token_ids = {ar[i]}
         encode, decode, detokenizer = tok.encode, tok.decode, tok.detokenizer
 
-    spec = api.Speculator(lambda t: SimpleDrafter(t, 4), "draft-simple", description="self")
+    spec = api.Speculator(drafter_factory=lambda t: SimpleDrafter(t, 4), spec_type="draft-simple", description="self")
     rs = list(api.stream_generate(target, Tok(), ids, spec, max_tokens=N))
     assert [r.token for r in rs] == ar[: i + 1]
     assert rs[-1].finish_reason == "stop"

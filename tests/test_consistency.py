@@ -16,7 +16,8 @@ from conftest import write_tiny_model
 from mlxspec import api
 from mlxspec.evaluate import merged_tau, run_prompts
 from mlxspec.targets.load import load_target
-from mlxspec.engine.drafting import BlockDrafter, target_head_rows
+from mlxspec.engine.drafting import BlockDrafter
+from mlxspec.targets.model import target_head_rows
 from mlxspec.engine.loop import SpecStats, generate_steps
 from mlxspec.engine.verify import SamplingParams
 
@@ -72,7 +73,7 @@ def test_tau_after_merging_runs(tiny_gguf):
     singles = []
     for i, ids in enumerate(prompts):
         st = SpecStats()
-        for _ in generate_steps(target, ids, None, 5, SamplingParams(), i, tok.eos_token_ids, stats=st):
+        for _ in generate_steps(target, ids, drafter=None, max_tokens=5, sampling=SamplingParams(), seed=i, eos_ids=tok.eos_token_ids, stats=st):
             pass
         singles.append(st)
     assert [s.tau for s in singles] == [1.0, 1.0, 1.0]  # autoregressive: one token per forward
@@ -103,7 +104,7 @@ def test_trainer_target_head_dequantizes_a_quantized_target(tmp_path):
 @pytest.fixture(scope="module")
 def dspark(smollm2):
     target, _ = smollm2
-    spec = api.load_speculator(SHIPPED_DSPARK, target, "auto", log=io.StringIO())
+    spec = api.load_speculator(SHIPPED_DSPARK, target, spec_type="auto", log=io.StringIO())
     return target, spec
 
 

@@ -32,7 +32,7 @@ PROMPT = "The capital of France is"
 # ----------------------------------------------------------------------------- helpers
 
 def run(target, ids, drafter=None, max_tokens=MAX, **kw) -> list[int]:
-    return [t for step in generate_steps(target, ids, drafter, max_tokens, **kw) for t in step]
+    return [t for step in generate_steps(target, ids, drafter=drafter, max_tokens=max_tokens, **kw) for t in step]
 
 
 def drafter_config(info, block=4, anchor_first=True, markov_rank=0, confidence=False, draft_vocab=None,
@@ -181,7 +181,7 @@ def test_eos_stops_right_after_it(sm, kind):
         "oracle": lambda: Oracle(BlockDrafter(random_drafter(target.info, block=8), target), ids + ar,
                                  target.info.vocab_size),
     }[kind]()
-    steps = list(generate_steps(target, ids, drafter, MAX, eos_ids={ar[i]}))
+    steps = list(generate_steps(target, ids, drafter=drafter, max_tokens=MAX, eos_ids={ar[i]}))
     out = [t for s in steps for t in s]
     assert out == ar[: i + 1]
     assert steps[-1][-1] == ar[i]
@@ -255,7 +255,7 @@ def test_drafter_context_tracks_target_cache_after_rejections(sm):
     rec = Recorder(BlockDrafter(random_drafter(target.info, block=4), target))
     produced, expected = 0, []
     stats = SpecStats()
-    gen = generate_steps(target, ids, rec, 12, stats=stats)
+    gen = generate_steps(target, ids, drafter=rec, max_tokens=12, stats=stats)
     for step in gen:
         produced += len(step)
         if produced < 11:  # a draft is asked for while a draft and the bonus still fit

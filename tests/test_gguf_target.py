@@ -308,7 +308,7 @@ def test_smollm2_greedy_paris(smollm2):
     target, tok = smollm2
     prompt = apply_chat_template(tok, [{"role": "user", "content": "What is the capital of France?"}])
     ids = tok.encode(prompt, add_special_tokens=False)
-    out = [t for step in generate_steps(target, ids, None, 16, eos_ids=tok.eos_token_ids) for t in step]
+    out = [t for step in generate_steps(target, ids, drafter=None, max_tokens=16, eos_ids=tok.eos_token_ids) for t in step]
     assert "Paris" in tok.decode(out)
 
 

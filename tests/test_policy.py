@@ -211,7 +211,7 @@ def _sample(target, make, sp, n, policy_kw=None):
     out = []
     for seed in range(n):
         pol = None if policy_kw is None else VerifyPolicy([1.0, 1.05, 1.1, 1.15], 3, **policy_kw)
-        toks = [t for s in generate_steps(target, TINY_PROMPT, make(), N_TOKENS, sampling=sp, seed=seed,
+        toks = [t for s in generate_steps(target, TINY_PROMPT, drafter=make(), max_tokens=N_TOKENS, sampling=sp, seed=seed,
                                           policy=pol) for t in s]
         assert len(toks) == N_TOKENS
         out.append(toks)

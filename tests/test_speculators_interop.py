@@ -79,7 +79,7 @@ def _mlxspec_drafts(target, tok, path, prompt):
 def verifier_dir(smollm2, tmp_path_factory) -> Path:
     """The tensors speculators takes from the verifier (embedding = tied head, final norm), as an
     HF-style directory: stands in for the Hugging Face download, the tests run offline."""
-    from mlxspec.engine.drafting import target_head_rows
+    from mlxspec.targets.model import target_head_rows
 
     target, _ = smollm2
     d = tmp_path_factory.mktemp("verifier")

@@ -29,7 +29,7 @@ PROMPT = [5, 9, 2, 7, 11, 3, 8]  # longer than WINDOW
 
 
 def run(target, ids, drafter=None, max_tokens=28, **kw):
-    return [t for step in generate_steps(target, ids, drafter, max_tokens, **kw) for t in step]
+    return [t for step in generate_steps(target, ids, drafter=drafter, max_tokens=max_tokens, **kw) for t in step]
 
 
 class OracleDrafter:

@@ -23,7 +23,7 @@ import numpy as np
 
 from mlxspec import kernels
 from mlxspec.drafters.model import DFlashModel
-from mlxspec.targets.model import Target, dense_weight, trim_cache
+from mlxspec.targets.model import Target, target_head_rows, trim_cache
 from mlxspec.engine.verify import SamplingParams, probs_from_logits, sample_token
 
 
@@ -60,14 +60,6 @@ class NoDrafter:
 
     def accept(self, tokens, taps):
         pass
-
-
-def target_head_rows(target: Target, ids: mx.array | None) -> mx.array:
-    """The target's LM-head rows (all, or the draft vocabulary's), dense float32."""
-    m = target.model
-    mod = m.lm_head if getattr(m, "lm_head", None) is not None else m.model.embed_tokens
-    w = dense_weight(mod, mx.float32)  # exact float32, never via float16
-    return w if ids is None else w[ids]
 
 
 class BlockDrafter:

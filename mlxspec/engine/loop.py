@@ -133,6 +133,7 @@ def truncate_p_min(confidence: list[float], p_min: float) -> int:
 def generate_steps(
     target: Target,
     prompt_ids: list[int],
+    *,
     drafter: Drafter | None = None,
     max_tokens: int = 256,
     sampling: SamplingParams = SamplingParams(),
@@ -143,7 +144,6 @@ def generate_steps(
     max_drafts: int | None = None,
     stats: SpecStats | None = None,
     check_invariants: bool = True,
-    *,
     cache: list | None = None,
     policy: VerifyPolicy | None = None,
 ) -> Iterator[list[int]]:

@@ -226,7 +226,7 @@ class Worker:
     def _warm_up(self):
         """One tiny generation so the first request does not pay MLX's first-call costs."""
         ids = self.tokenizer.encode("Hello", add_special_tokens=False) or [0]
-        for _ in self.api.stream_generate(self.target, self.tokenizer, ids, self.spec, 2, drafter=self.drafter):
+        for _ in self.api.stream_generate(self.target, self.tokenizer, ids, self.spec, max_tokens=2, drafter=self.drafter):
             pass
 
     def _serve(self, job: Job):
@@ -245,8 +245,8 @@ class Worker:
         drafter = ContextDrafter(inner, job.ids[:n_cached], hit.taps if hit else None)
         cache = hit.cache if hit else self.target.make_cache()
         text, last, first, ok = "", None, True, False
-        gen = self.api.stream_generate(self.target, self.tokenizer, job.ids, spec, job.max_tokens, job.temp,
-                                       job.top_p, job.top_k, job.seed, job.stop, drafter=drafter, cache=cache)
+        gen = self.api.stream_generate(self.target, self.tokenizer, job.ids, spec, max_tokens=job.max_tokens, temp=job.temp,
+                                       top_p=job.top_p, top_k=job.top_k, seed=job.seed, stop=job.stop, drafter=drafter, cache=cache)
         try:
             for r in gen:
                 if first:

@@ -313,3 +313,11 @@ def dequantize_model(model: nn.Module, dtype=mx.float32) -> nn.Module:
     model.apply(lambda a: a.astype(dtype) if mx.issubdtype(a.dtype, mx.floating) else a)
     mx.eval(model.parameters())
     return model
+
+
+def target_head_rows(target: Target, ids: mx.array | None) -> mx.array:
+    """The target's LM-head rows (all, or the draft vocabulary's), dense float32."""
+    m = target.model
+    mod = m.lm_head if getattr(m, "lm_head", None) is not None else m.model.embed_tokens
+    w = dense_weight(mod, mx.float32)  # exact float32, never via float16
+    return w if ids is None else w[ids]

@@ -106,7 +106,7 @@ def check_train_args(a) -> None:
 
 
 def cmd_train(a) -> int:
-    from mlxspec.cli import check_blas
+    from mlxspec.args import check_blas
     from mlxspec.targets.load import load_target
     from mlxspec.train.data import DEFAULT_SOURCES, prepare_generated_shards, prepare_shards
     from mlxspec.train.export import export_all

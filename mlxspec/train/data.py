@@ -4,70 +4,23 @@ The target is run once over every training window (the same prefill that produce
 taps also produces the target's own next-token distribution); results are cached on
 disk as float16 shards so training steps never run the target.
 
-Split: a file belongs to the held-out set iff crc32(relative path) % 20 == 0 (5%), a
-fixed rule, so prompts built from held-out files never overlap training text.
+The corpus and its fixed train/held-out split: `mlxspec.corpus`.
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import time
-import sysconfig
-import zlib
-from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 
-DEFAULT_SOURCES = {
-    "code": [sysconfig.get_paths()["stdlib"] + "/**/*.py"],
-    "prose": ["/usr/share/doc/python3.11/html/_sources/**/*.rst.txt"],
-    "fortunes": ["/usr/share/games/fortunes/*"],
-}
+from mlxspec.corpus import DEFAULT_SOURCES, corpus_files, read_text
+
 TOPK = 8
-DEFAULT_TAPS = [1, 8, 15, 22, 28]  # SmolLM2 (30 layers): spread over the depth, never the last
 DEFAULT_BUDGET = {"code": 100_000, "prose": 50_000, "fortunes": 10_000}
-
-
-def is_heldout(relpath: str) -> bool:
-    return zlib.crc32(relpath.encode()) % 20 == 0
-
-
-@dataclass
-class CorpusFile:
-    path: str
-    rel: str
-    category: str
-
-
-def corpus_files(sources: dict[str, list[str]] | None = None, split: str = "train") -> list[CorpusFile]:
-    sources = sources or DEFAULT_SOURCES
-    out = []
-    for cat, pats in sources.items():
-        for pat in pats:
-            if os.path.isdir(pat):
-                pat = os.path.join(pat, "**", "*")
-            root = pat.split("*")[0]
-            for p in sorted(glob.glob(pat, recursive=True)):
-                sub = p[len(root):]
-                if not os.path.isfile(p) or p.endswith((".dat", ".u8", ".pyc")) or any(
-                    s in sub for s in ("site-packages", "/test", "test/", "idle_test", "lib2to3/tests")
-                ):
-                    continue
-                rel = f"{cat}/{os.path.relpath(p, root)}"
-                if (split == "heldout") == is_heldout(rel):
-                    out.append(CorpusFile(p, rel, cat))
-    return out
-
-
-def read_text(path: str) -> str:
-    with open(path, "rb") as f:
-        return f.read().decode("utf-8", errors="replace")
-
-
 def token_windows(files, tokenizer, seq_len: int, max_tokens: int, seed: int = 0) -> np.ndarray:
     """Non-overlapping windows of seq_len tokens cut from shuffled files (int32 [N, L])."""
     rng = np.random.default_rng(seed)

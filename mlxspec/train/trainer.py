@@ -353,7 +353,7 @@ def warm_start_from_target(model: DFlashModel, target, taps: list) -> None:
 
 def _target_head(target) -> mx.array:
     """The target's LM head, dense float32 (dequantized when the target is quantized)."""
-    from mlxspec.engine.drafting import target_head_rows
+    from mlxspec.targets.model import target_head_rows
 
     return target_head_rows(target, None)
 

@@ -1,0 +1,106 @@
+"""The flags and checks shared by the commands that generate: `generate`, `serve`, `train`
+and `generate` under mlx.launch."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from mlxspec import api
+from mlxspec.blas import blas_status
+from mlxspec.errors import MlxspecError
+from mlxspec.tokenizer import apply_chat_template
+from mlxspec.validate import check_sampling_args, check_spec_args
+
+
+def add_model_args(p):
+    p.add_argument("--model", "-m", default=None, help="target: .gguf file or MLX/HF directory (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--draft", "--draft-model", dest="draft", default="auto",
+                   help="drafter: directory or .gguf (DFlash/DSpark), or a draft model for draft-simple; "
+                        "'auto' = the shipped drafter for the default model; 'none' = no drafter")
+    p.add_argument("--spec-type", default="auto",
+                   help="auto | draft-dflash | draft-dspark | draft-simple | none (default auto: from the drafter's own parameters)")
+    p.add_argument("--block-size", type=int, default=None, help="shorten the drafter's block (never lengthen)")
+    p.add_argument("--num-draft-tokens", type=int, default=None, help="draft-simple: tokens per draft")
+    p.add_argument("--p-min", type=float, default=None, help="DSpark: cut drafts at the first confidence below this")
+    p.add_argument("--schedule", action="store_true", help="DSpark: pick the verify length from confidences and the measured verify cost")
+    p.add_argument("--verify-policy", choices=("adaptive", "fixed"), default=None,
+                   help="adaptive (default): verify length chosen per step from the measured verify cost and this "
+                        "request's acceptance, down to plain autoregressive steps; fixed: always the full block "
+                        "(the default when --block-size / --num-draft-tokens / --schedule pin the length)")
+    p.add_argument("--ngram", action=argparse.BooleanOptionalAction, default=True,
+                   help="block drafters: also propose prompt-lookup (n-gram) continuations, the adaptive policy "
+                        "picks per step (default on; --no-ngram turns it off)")
+
+
+def add_sampling_args(p):
+    p.add_argument("--max-tokens", "-n", type=int, default=256)
+    p.add_argument("--temp", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def check_blas(stream=sys.stderr) -> None:
+    """Warn when MLX runs on Linux CPU without OpenBLAS preloaded (reference BLAS: ~60x slower GEMM)."""
+    ok, msg = blas_status()
+    if not ok and msg:
+        print(f"mlxspec: warning: {msg}", file=stream)
+
+
+def check_generate_args(a) -> None:
+    """`generate`'s flags, checked before minutes of loading (every rank under mlx.launch)."""
+    if a.prompt is None:
+        raise MlxspecError("no prompt: pass --prompt TEXT (or --prompt - to read stdin)")
+    check_sampling_args(a.max_tokens, a.temp, a.top_p, a.top_k, a.seed)
+    check_spec_args(a.block_size, a.num_draft_tokens, a.p_min)
+    if a.system_prompt is not None and a.ignore_chat_template:
+        raise MlxspecError("--system-prompt needs the chat template; drop --ignore-chat-template "
+                           "or put the system text into --prompt")
+
+
+def read_prompt(a) -> str:
+    """--prompt TEXT, or stdin with --prompt -; never empty."""
+    prompt = read_stdin_prompt() if a.prompt == "-" else a.prompt
+    if not prompt.strip():
+        raise MlxspecError("the prompt is empty; pass some text with --prompt (or on stdin with --prompt -)")
+    return prompt
+
+
+def prompt_ids(a, tok, prompt: str) -> list[int]:
+    """The prompt's token ids: through the chat template (with --system-prompt) unless
+    --ignore-chat-template or the model has none."""
+    if a.system_prompt is not None and not tok.has_chat_template:
+        raise MlxspecError("--system-prompt needs a chat template and this model has none; "
+                           "put the system text into --prompt")
+    if tok.has_chat_template and not a.ignore_chat_template:
+        msgs = ([{"role": "system", "content": a.system_prompt}] if a.system_prompt else []) + [
+            {"role": "user", "content": prompt}
+        ]
+        text = apply_chat_template(tok, msgs, add_generation_prompt=True)
+        return tok.encode(text, add_special_tokens=False)
+    return tok.encode(prompt)
+
+
+def print_generation(target, tok, ids, spec, a):
+    """Stream the text to stdout, then the footer (--verbose); -> the last response."""
+    last = None
+    for r in api.stream_generate(target, tok, ids, spec, max_tokens=a.max_tokens, temp=a.temp, top_p=a.top_p, top_k=a.top_k, seed=a.seed, stop=a.stop):
+        print(r.text, end="", flush=True)
+        last = r
+    print()
+    if a.verbose and last is not None:
+        print(api.footer(last))
+    return last
+
+
+def read_stdin_prompt() -> str:
+    """The prompt from stdin (--prompt -): UTF-8 text, or one line saying it is not."""
+    data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MlxspecError(f"stdin is not UTF-8 text (invalid byte at offset {e.start}); "
+                           "pass the prompt as UTF-8") from None

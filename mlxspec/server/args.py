@@ -1,0 +1,35 @@
+"""`mlxspec serve`'s flags (importable without the server's own dependencies)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from mlxspec.args import add_model_args, add_sampling_args
+
+
+def add_serve_args(p):
+    add_model_args(p)
+    add_sampling_args(p)  # the defaults of requests that leave a field out (as `generate`'s)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--api-key", default=os.environ.get("MLXSPEC_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: $MLXSPEC_API_KEY, else no key)")
+    p.add_argument("--model-id", default=None, help="the name clients send as 'model' (default: the model file's stem)")
+    p.add_argument("--prompt-cache-bytes", type=_size, default=_size("1G"),
+                   help="memory for cached prompt prefixes (KV cache + drafter context), LRU; 0 disables (default 1G)")
+    p.add_argument("--max-queue", type=int, default=16, help="requests waiting or running before 429 (default 16)")
+    p.add_argument("--timeout", type=float, default=600.0, help="per-request time limit in seconds (default 600)")
+    p.add_argument("--max-body-bytes", type=_size, default=_size("4M"), help="largest request body (default 4M)")
+    p.add_argument("--max-tokens-limit", type=int, default=8192, help="largest max_tokens a request may ask (default 8192)")
+
+
+def _size(s) -> int:
+    s = str(s).strip().upper()
+    mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    try:
+        if s and s[-1] in mult:
+            return int(float(s[:-1]) * mult[s[-1]])
+        return int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a size like 512M or 1G, got {s!r}") from None
