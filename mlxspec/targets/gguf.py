@@ -1,4 +1,4 @@
-"""Target models (Llama, Qwen2, Qwen3 dense) from a GGUF file.
+"""Target models (Llama, Qwen2, Qwen3 dense, Gemma-3 text) from a GGUF file.
 
 Tensor names map to mlx-lm with `mlxspec.gguf.names`; how each tensor is loaded, and what
 it costs in memory, is decided by the load plan (`mlxspec.targets.plan`, also what
@@ -44,7 +44,11 @@ from mlxspec.targets.lowbit_linear import NativeLowBitLinear
 from mlxspec.targets.plan import (AFFINE, BF16, NATIVE, PLAIN, REPACK, UNSUPPORTED, TensorPlan, model_classes,
                                   plan_target)
 
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3")
+SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+# Gemma-3 values llama.cpp does not store but hard-codes (src/llama-model.cpp): the local
+# (sliding-window) layers' RoPE base and one global layer in every 6.
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
+GEMMA3_SLIDING_PATTERN = 6
 
 
 @dataclass
@@ -140,6 +144,13 @@ def gguf_config(g: GGUFFile) -> dict:
     }
     if arch == "qwen2":
         cfg["attention_bias"] = "blk.0.attn_q.bias" in tmap
+    if arch == "gemma3":  # mlx-lm's text-only Gemma-3 (model_type gemma3 is the multimodal wrapper)
+        cfg["model_type"] = "gemma3_text"
+        cfg["sliding_window"] = i("attention.sliding_window", hi=V.MAX_CONTEXT)
+        cfg["sliding_window_pattern"] = GEMMA3_SLIDING_PATTERN
+        cfg["rope_local_base_freq"] = GEMMA3_LOCAL_ROPE_BASE
+        # Attention scale 1/sqrt(head_dim), except Gemma-3-27B's (62 layers) 1/sqrt(hidden / heads), as llama.cpp.
+        cfg["query_pre_attn_scalar"] = hidden // n_head if cfg["num_hidden_layers"] == 62 else head_dim
     scaling = V.get_str(md, f"{arch}.rope.scaling.type", where, default=None)
     if scaling and scaling != "none":
         if scaling == "linear":
@@ -163,6 +174,7 @@ def expected_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
             b + "attn_output.weight": (h, q), b + "attn_q_norm.weight": (hd,), b + "attn_k_norm.weight": (hd,),
             b + "ffn_gate.weight": (f, h), b + "ffn_up.weight": (f, h), b + "ffn_down.weight": (h, f),
             b + "attn_q.bias": (q,), b + "attn_k.bias": (kv,), b + "attn_v.bias": (kv,),
+            b + "post_attention_norm.weight": (h,), b + "post_ffw_norm.weight": (h,),
         })
     return out
 
@@ -177,7 +189,7 @@ def check_tensor_shapes(g: GGUFFile, cfg: dict) -> None:
         m = re.match(r"blk\.(\d+)\.", t.name)
         if m and int(m.group(1)) >= cfg["num_hidden_layers"]:
             raise MlxspecError(f"{g.path}: tensor {t.name} belongs to layer {m.group(1)} but the metadata declares "
-                               f"{cfg['num_hidden_layers']} layers ({cfg['model_type']}.block_count); the file is corrupt")
+                               f"{cfg['num_hidden_layers']} layers ({g.architecture}.block_count); the file is corrupt")
         shape = want.get(t.name)
         if shape is not None and tuple(t.shape) != shape:
             raise MlxspecError(
@@ -219,6 +231,9 @@ def load_gguf_weights(g: GGUFFile, cfg: dict, native: bool = False, dense: bool 
     unsupported: list[TensorInfo] = []
     unknown_names: list[str] = []
     permute = cfg["model_type"] == "llama"
+    # llama.cpp's converter stores Gemma's RMSNorm weights +1 (its norm multiplies by the weight);
+    # mlx-lm's Gemma-3 norm multiplies by 1 + weight, as the checkpoint stores it.
+    norm_offset = 1.0 if cfg["model_type"] == "gemma3_text" else 0.0
     for p in plan_target(g, native, dense):
         name, info = p.name, p.info
         if name is None:
@@ -238,6 +253,8 @@ def load_gguf_weights(g: GGUFFile, cfg: dict, native: bool = False, dense: bool 
             weights[prefix + ".scales"] = fix(c.scales)
             weights[prefix + ".biases"] = fix(c.biases)
             quant[prefix] = {"group_size": c.group_size, "bits": c.bits}
+        elif norm_offset and name.endswith("norm.weight"):
+            weights[name] = c.array.astype(np.float32) - np.float32(norm_offset)
         else:
             weights[name] = fix(c.array)
             if p.how == NATIVE:
@@ -310,6 +327,7 @@ def load_gguf_target(path: str, native_lowbit: bool | None = None, dense: bool =
     weights, quant, notes = load_gguf_weights(g, cfg, native=native, dense=dense)
     model_class, args_class = model_classes(cfg)
     model = model_class(args_class.from_dict(cfg))
+    weights = model.sanitize(weights) if hasattr(model, "sanitize") else weights  # e.g. drops an unused tied lm_head
     natives = {p: q["native"] for p, q in quant.items() if "native" in q}
     affine = {p: q for p, q in quant.items() if "native" not in q}
     for prefix, tid in natives.items():

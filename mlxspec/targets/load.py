@@ -27,11 +27,15 @@ def _cuda_available() -> bool:
 
 
 def resolve_model_path(path: str | None) -> str:
-    """None -> the default model; a Hugging Face repo id -> its local snapshot (like mlx_lm)."""
-    if path is None:
-        from mlxspec.cache import default_model_path
+    """None -> the default model; a name in `cache.PACKAGED_MODELS` (unless a local path of that
+    name exists) -> its cached GGUF, fetched on first use; a Hugging Face repo id -> its local
+    snapshot (like mlx_lm)."""
+    from mlxspec.cache import PACKAGED_MODELS, default_model_path, packaged_model_path
 
+    if path is None:
         return str(default_model_path())
+    if str(path) in PACKAGED_MODELS and not Path(path).exists():
+        return str(packaged_model_path(str(path)))
     from mlxspec.hub import resolve
 
     return resolve(str(path), "model")

@@ -87,9 +87,10 @@ def native_eligible(name: str | None, info: TensorInfo) -> bool:
             and name.startswith("model.layers.") and name.endswith(".weight"))
 
 
-def plan_tensor(info: TensorInfo, native: bool = False, dense: bool = False) -> TensorPlan:
-    """native: keep eligible low-bit Linear weights as blocks; dense: the float32 CPU path."""
-    name = gguf_to_hf_name(info.name)
+def plan_tensor(info: TensorInfo, native: bool = False, dense: bool = False, arch: str | None = None) -> TensorPlan:
+    """native: keep eligible low-bit Linear weights as blocks; dense: the float32 CPU path;
+    arch: the file's general.architecture (the names of Gemma-3's norms differ)."""
+    name = gguf_to_hf_name(info.name, arch)
     t, two_d = info.type_id, len(info.shape) == 2
 
     def plan(how, problem=None):
@@ -114,7 +115,7 @@ def plan_tensor(info: TensorInfo, native: bool = False, dense: bool = False) -> 
 
 def plan_target(g: GGUFFile, native: bool = False, dense: bool = False) -> list[TensorPlan]:
     """The plan of every tensor in the file's table, in table order."""
-    return [plan_tensor(info, native, dense) for info in g.tensors]
+    return [plan_tensor(info, native, dense, g.architecture) for info in g.tensors]
 
 
 def model_classes(config: dict):
