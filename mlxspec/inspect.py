@@ -173,6 +173,9 @@ def _gguf_target_view(g, lines: list[str], problems: list[str]) -> None:
     )
     if cfg["model_type"] == "llama":
         lines.append("  Q/K rows: un-permuted at load (llama.cpp's convert-time RoPE row permutation)")
+    if cfg["model_type"] == "gemma3_text":
+        lines.append(f"  norms: RMSNorm weights -1 at load (llama.cpp stores Gemma's +1); sliding window "
+                     f"{cfg['sliding_window']}, one global layer in {cfg['sliding_window_pattern']}")
 
     # quantization plan, grouped
     plan: dict[str, list] = defaultdict(lambda: [0, 0, 0, set()])  # what -> [tensors, file bytes, loaded bytes, types]
@@ -213,7 +216,10 @@ def _gguf_target_view(g, lines: list[str], problems: list[str]) -> None:
         import mlx.nn as nn
 
         model_class, args_class = model_classes(cfg)
-        want = dict(nn.utils.tree_flatten(model_class(args_class.from_dict(cfg)).parameters()))
+        skeleton = model_class(args_class.from_dict(cfg))
+        if hasattr(skeleton, "sanitize"):  # as the loader does: e.g. Gemma-3 drops lm_head when tied
+            skeleton.sanitize(dict(mapped))
+        want = dict(nn.utils.tree_flatten(skeleton.parameters()))
         missing = [k for k in want if k not in mapped]
         if missing:
             problems.append(
