@@ -13,20 +13,24 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
 import mlx.core as mx
 
-from mlxspec.errors import MlxspecError
-from mlxspec.validate import check_prompt_ids, check_sampling_args, check_spec_args
-from mlxspec.targets.model import Target
+from mlxspec.drafters.load import load_drafter
+from mlxspec.drafters.registry import describe, lookup
 from mlxspec.engine.drafting import BlockDrafter, NoDrafter, SimpleDrafter
 from mlxspec.engine.loop import SpecStats, generate_steps
 from mlxspec.engine.ngram import LookupBlockDrafter, NgramDrafter
-from mlxspec.engine.policy import VerifyPolicy
+from mlxspec.engine.policy import PolicyMemory, VerifyPolicy
+from mlxspec.engine.profile import verify_profile
 from mlxspec.engine.verify import SamplingParams
+from mlxspec.errors import MlxspecError
+from mlxspec.targets.load import load_target
+from mlxspec.targets.model import Target
+from mlxspec.validate import check_prompt_ids, check_sampling_args, check_spec_args
 
 SPEC_TYPES = ("auto", "draft-dflash", "draft-dspark", "draft-simple", "ngram", "none")
 VERIFY_POLICIES = ("adaptive", "fixed")
@@ -50,9 +54,10 @@ class Speculator:
     num_draft_tokens: int | None = None
     description: str = "autoregressive"
     # adaptive: the verify length (down to 0 = an autoregressive step) is chosen each step
-    # from the measured verify cost and this request's acceptance (engine/policy.py);
-    # fixed: always the full block / num_draft_tokens (the old --schedule and p_min apply)
+    # from the measured verify cost and the acceptance seen so far (engine/policy.py);
+    # fixed: always the full block / num_draft_tokens (--schedule and p_min apply)
     policy: str = "adaptive"
+    memory: PolicyMemory = field(default_factory=PolicyMemory, repr=False, compare=False)
 
     def make_drafter(self, target):
         return self.drafter_factory(target) if self.drafter_factory else NoDrafter()
@@ -99,8 +104,6 @@ def load(
     draft: a drafter path (dir or .gguf), "auto" (the shipped drafter when the default
     model is used, else none), or None.
     """
-    from mlxspec.targets.load import load_target
-
     for name, v in (("model", model), ("draft", draft)):
         if v is not None and not isinstance(v, (str, os.PathLike)):
             raise MlxspecError(f"{name}={v!r}: pass a path (or a Hugging Face repo id) as a string, or None")
@@ -108,8 +111,6 @@ def load(
     if draft == "auto":
         ship = shipped_drafter("dspark") if model is None else None
         if model is not None and spec_type not in ("none", "ngram", "draft-simple"):
-            from mlxspec.drafters.registry import describe, lookup  # the known published drafter for this target
-
             entry = lookup(str(model))
             if entry:
                 print(f"mlxspec: --draft auto: {describe(str(model))}", file=log)
@@ -153,8 +154,6 @@ def load_speculator(
     if draft is None:
         raise MlxspecError(f"--spec-type {spec_type} needs a drafter: pass --draft PATH")
     if spec_type == "draft-simple":
-        from mlxspec.targets.load import load_target
-
         dmodel, dtok = load_target(draft)
         if dmodel.info.vocab_size != target.info.vocab_size:
             raise MlxspecError(
@@ -164,7 +163,6 @@ def load_speculator(
         n = num_draft_tokens or 4
         return Speculator(drafter_factory=lambda t: SimpleDrafter(dmodel, n), spec_type="draft-simple", p_min=None, schedule=False, num_draft_tokens=n,
                           description=f"draft-simple {Path(draft).name} n={n}", policy=policy)
-    from mlxspec.drafters.load import load_drafter
 
     dmodel, cfg = load_drafter(draft, target.info, requested=spec_type, log=log)
     if num_draft_tokens is not None:
@@ -256,7 +254,7 @@ def stream_generate(
     ids = check_prompt_ids(ids, target.info.vocab_size, target.config.get("max_position_embeddings"), max_tokens)
     drafter = spec.make_drafter(target) if drafter is None else drafter
     sched = profile_for(target, drafter) if spec.schedule else None
-    policy = make_policy(target, drafter, spec)
+    policy = make_policy(target, drafter, spec, temp)
     stats = SpecStats()
     sp = SamplingParams(temp, top_p, top_k)
     detok = tokenizer.detokenizer
@@ -341,16 +339,16 @@ def footer(r: GenerationResponse) -> str:
     return "\n".join(lines)
 
 
-def make_policy(target: Target, drafter, spec: Speculator):
-    """A fresh adaptive verify-length policy for one request, or None (fixed lengths)."""
+def make_policy(target: Target, drafter, spec: Speculator, temp: float = 0.0):
+    """The adaptive verify-length policy of one request, or None (fixed lengths). It starts
+    from what the speculator's previous request at the same kind of sampling learned."""
     if spec.policy != "adaptive" or isinstance(drafter, NoDrafter) or drafter.max_drafts <= 0:
         return None
-    return VerifyPolicy.from_profile(profile_for(target, drafter), drafter.max_drafts)
+    key = "greedy" if temp == 0 else f"temp={temp:g}"
+    return spec.memory.policy(key, lambda: VerifyPolicy.from_profile(profile_for(target, drafter), drafter.max_drafts))
 
 
 def profile_for(target: Target, drafter) -> dict[int, float]:
     """Verify steps/second per block length (1 .. max_drafts+1), measured once per model
     and device and cached in the mlxspec cache dir."""
-    from mlxspec.engine.profile import verify_profile
-
     return verify_profile(target, drafter.max_drafts + 1)

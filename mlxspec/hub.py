@@ -12,6 +12,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from huggingface_hub import snapshot_download
+from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
+
 from mlxspec.errors import MlxspecError
 
 _REPO = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -26,14 +29,12 @@ def resolve(path: str, what: str = "model") -> str:
     if Path(path).expanduser().exists() or not looks_like_repo_id(path):
         return path
     repo, _, revision = path.partition("@")
-    from huggingface_hub import snapshot_download
     from huggingface_hub.errors import (
         GatedRepoError,
         LocalEntryNotFoundError,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
-    from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
 
     patterns = list(DEFAULT_ALLOW_PATTERNS) + ["*.gguf", "*.md"] if what == "drafter" else DEFAULT_ALLOW_PATTERNS
     try:

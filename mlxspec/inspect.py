@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
+from mlxspec.drafters.formats import dir_format
 from mlxspec.drafters.load import load_drafter
 from mlxspec.drafters.registry import describe
 from mlxspec.errors import MlxspecError
@@ -339,7 +340,6 @@ def _inspect_dir(d: Path) -> str:
         lines.extend(_tensor_groups(rows))
 
     _section(lines, "mlxspec")
-    from mlxspec.drafters.formats import dir_format
 
     try:
         dir_format(config, str(d))

@@ -7,10 +7,15 @@ converting with bare int()/float().
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 import os
 import stat
+import struct
+
+import mlx.core as mx
+import numpy as np
 
 from mlxspec.errors import MlxspecError
 
@@ -226,8 +231,6 @@ def require_regular_file(path: str | os.PathLike, what: str = "file") -> None:
 
 def read_json_object(path: str | os.PathLike, what: str = "config.json") -> dict:
     """A JSON file that must hold an object; one-line errors for every way it can fail."""
-    import json
-
     require_regular_file(path, what)
     try:
         with open(path, "rb") as f:
@@ -250,9 +253,6 @@ def is_power_of_two(n: int) -> bool:
 
 def check_finite_weights(arrays: dict, where: str) -> None:
     """Refuse NaN / Inf in floating-point weights (they make every probability NaN)."""
-    import mlx.core as mx
-    import numpy as np
-
     for name, a in arrays.items():
         if isinstance(a, mx.array):
             ok = not mx.issubdtype(a.dtype, mx.floating) or bool(mx.all(mx.isfinite(a)).item())
@@ -287,9 +287,6 @@ def check_safetensors(path: str | os.PathLike) -> None:
     a JSON object within the file, known dtypes, shapes of non-negative integers, byte
     ranges that match dtype x shape and tile the data section exactly (no overlaps, gaps
     or out-of-file ranges)."""
-    import json
-    import struct
-
     p = os.fspath(path)
     require_regular_file(p, "safetensors file")
     size = os.path.getsize(p)

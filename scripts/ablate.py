@@ -42,7 +42,7 @@ def main():
     ap.add_argument("--configs", default=None, help="JSON file {name: {field: value}} instead of the built-in set")
     a = ap.parse_args()
 
-    from mlxspec.evaluate import merged_tau, run_prompts
+    from mlxspec.evaluate import run_prompts
     from mlxspec.targets.load import load_target
     from mlxspec.prompts import encode_prompt, load_prompts
     from mlxspec.engine.drafting import BlockDrafter
@@ -75,7 +75,7 @@ def main():
         for cat in ("code", "prose"):
             ids = [encode_prompt(tok, cat, p) for p in prompts[cat][: a.prompts]]
             s, _ = run_prompts(target, tok, lambda t: BlockDrafter(model, t), ids, a.max_tokens)
-            row[cat] = {"acceptance": s.acceptance_rate, "tau": merged_tau(s),
+            row[cat] = {"acceptance": s.acceptance_rate, "tau": s.tau,
                         "per_position": [round(x, 3) for x in s.per_position_acceptance]}
         results[key] = row
         res_path.write_text(json.dumps(results, indent=1))

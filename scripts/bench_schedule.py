@@ -8,7 +8,7 @@
 import io, time
 from mlxspec.targets.load import load_target
 from mlxspec.api import load_speculator, shipped_drafter
-from mlxspec.evaluate import run_prompts, merged_tau
+from mlxspec.evaluate import run_prompts
 from mlxspec.prompts import encode_prompt, load_prompts
 from mlxspec.engine.profile import measure_verify_sps
 T, tok = load_target(None)
@@ -20,4 +20,4 @@ print("verify steps/s by length", {k: round(v, 1) for k, v in sps.items()})
 run_prompts(T, tok, None, prompts[:1], 8)  # warm-up
 for name, fac, kw in [("AR", None, {}), ("dspark", spec.drafter_factory, {}), ("dspark+schedule", spec.drafter_factory, {"scheduler": sps})]:
     t = time.perf_counter(); st, _ = run_prompts(T, tok, fac, prompts, 64, **kw); el = time.perf_counter() - t
-    print(name, f"gen tok/s {st.generated / st.gen_time:.1f} tau {merged_tau(st):.2f} acc {st.acceptance_rate:.3f} mean verify len {sum(st.verify_lengths)/len(st.verify_lengths):.2f}")
+    print(name, f"gen tok/s {st.generated / st.gen_time:.1f} tau {st.tau:.2f} acc {st.acceptance_rate:.3f} mean verify len {sum(st.verify_lengths)/len(st.verify_lengths):.2f}")

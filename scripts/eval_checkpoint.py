@@ -20,7 +20,7 @@ def main():
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
 
-    from mlxspec.evaluate import merged_tau, run_prompts
+    from mlxspec.evaluate import run_prompts
     from mlxspec.targets.load import load_target
     from mlxspec.drafters.config import DrafterConfig
     from mlxspec.drafters.model import DFlashModel
@@ -40,9 +40,9 @@ def main():
             ids = [encode_prompt(tok, cat, p) for p in prompts[cat][: a.prompts]]
             s, _ = run_prompts(target, tok, lambda t: BlockDrafter(model, t), ids, a.max_tokens)
             res[cat] = {"acceptance_rate": s.acceptance_rate, "accepted": s.accepted, "drafted": s.drafted,
-                        "tau": merged_tau(s), "per_position_acceptance": s.per_position_acceptance}
+                        "tau": s.tau, "per_position_acceptance": s.per_position_acceptance}
             print(f"{ck} step {st['step']} {cat}: acceptance {s.acceptance_rate:.1%} "
-                  f"({s.accepted}/{s.drafted}) tau {merged_tau(s):.2f}", flush=True)
+                  f"({s.accepted}/{s.drafted}) tau {s.tau:.2f}", flush=True)
         out[ck] = res
     if a.json:
         with open(a.json, "w") as f:

@@ -14,7 +14,7 @@ import pytest
 from conftest import write_tiny_model
 
 from mlxspec import api
-from mlxspec.evaluate import merged_tau, run_prompts
+from mlxspec.evaluate import run_prompts
 from mlxspec.targets.load import load_target
 from mlxspec.engine.drafting import BlockDrafter
 from mlxspec.targets.model import target_head_rows
@@ -77,7 +77,7 @@ def test_tau_after_merging_runs(tiny_gguf):
             pass
         singles.append(st)
     assert [s.tau for s in singles] == [1.0, 1.0, 1.0]  # autoregressive: one token per forward
-    assert merged.tau == 1.0 and merged_tau(merged) == 1.0
+    assert merged.tau == 1.0
     assert merged.tau == sum(s.generated - 1 for s in singles) / sum(s.target_forwards for s in singles)
     assert merged.generated - 1 == sum(s.generated - 1 for s in singles)
 
@@ -117,11 +117,14 @@ def test_context_grows_in_steps_and_drafts_as_one_concatenation(dspark):
     taps = mx.array(rng.standard_normal((1, n, T * H)).astype(np.float32))
     a.begin(list(range(n)), taps)
     b.begin(list(range(5)), taps[:, :5])
+    assert b.ctx_len == 5 and b._ctx_buf[0] is None  # projected at the next draft, not per step
+    b.ctx_kv  # reading the context projects the pending rows
     assert b._ctx_buf[0][0].shape[2] == BlockDrafter.CTX_STEP
     p, step = 5, BlockDrafter.CTX_STEP
     for size in (3, 250, 1, 9, 300, 132):  # crosses the capacity several times
         cap = b._ctx_buf[0][0].shape[2]
         b.accept(list(range(size)), taps[:, p:p + size])
+        b.ctx_kv
         new_cap = b._ctx_buf[0][0].shape[2]
         # as mlx-lm's KVCache: unchanged while it fits, else the kept rows + whole steps
         assert new_cap == (cap if p + size <= cap else p + (size + step - 1) // step * step)

@@ -11,7 +11,7 @@ import pytest
 from mlxspec.engine.drafting import BlockDrafter
 from mlxspec.engine.loop import SpecStats, generate_steps
 from mlxspec.engine.ngram import LookupBlockDrafter, NgramDrafter, NgramIndex
-from mlxspec.engine.policy import (AcceptanceEstimate, Calibration, VerifyPolicy, best_length, expected_tokens,
+from mlxspec.engine.policy import (AcceptanceEstimate, PolicyMemory, Calibration, VerifyPolicy, best_length, expected_tokens,
                                  stopping_length)
 from mlxspec.engine.verify import SamplingParams
 
@@ -91,6 +91,31 @@ def test_policy_goes_autoregressive_and_probes_with_back_off():
     # a probe verifies at least one draft
     pol.last_probe = True
     assert pol.truncate("drafter", 8, None, True) >= 1
+
+
+def test_memory_carries_what_a_request_learned_into_the_next():
+    """A second request of the same speculator starts where the first left off: a drafter
+    found useless is not explored from the optimistic prior again, while the counts are
+    capped so that the new request can still move the estimate."""
+    mem = PolicyMemory(cap=6.0)
+    first = mem.policy("greedy", lambda: VerifyPolicy(FLAT, 8, probe_every=2, max_probe_every=16))
+    fresh_p1 = first.estimate("drafter").p()[0]
+    for _ in range(40):  # never right
+        if first.plan(8).source == "drafter":
+            first.observe("drafter", first.truncate("drafter", 8, None, True), 0, None, 0.3)
+    second = mem.policy("greedy", lambda: VerifyPolicy(FLAT, 8, probe_every=2, max_probe_every=16))
+    assert second.estimate("drafter").p()[0] < 0.5 * fresh_p1
+    assert float(second.estimate("drafter").tried.max()) <= 6.0 + 1e-9
+    assert second.probe_interval("drafter") == first.probe_interval("drafter") > 2
+    assert sum(second.plan(8).source == "drafter" for _ in range(8)) <= 1  # no burst of probes
+    # another sampling regime keeps its own history
+    other = mem.policy("temp=1", lambda: VerifyPolicy(FLAT, 8, probe_every=2))
+    assert other.estimate("drafter").p()[0] == fresh_p1 and other.probe_interval("drafter") == 2
+    # capped counts: a request where the drafter is right recovers within a few verifications
+    for _ in range(30):
+        if second.plan(8).source == "drafter":
+            second.observe("drafter", second.truncate("drafter", 8, None, True), 8, None, 0.01)
+    assert second.plan(8).source == "drafter"
 
 
 def test_policy_recovers_when_acceptance_rises():

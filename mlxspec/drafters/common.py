@@ -12,9 +12,9 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from mlxspec.errors import MlxspecError
 from mlxspec.drafters.config import DrafterSpec
 from mlxspec.drafters.model import DFlashModel
+from mlxspec.errors import MlxspecError
 
 # Tensors a file may omit: a bias-free confidence head is a zero bias (llama.cpp marks
 # conf_proj.bias optional; bias-free DeepSpec ports exist).

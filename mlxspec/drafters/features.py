@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from mlxspec import validate as V
-from mlxspec.errors import MlxspecError
 from mlxspec.drafters.common import parse_flag
+from mlxspec.errors import MlxspecError
 
 
 @dataclass(frozen=True)

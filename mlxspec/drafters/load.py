@@ -18,14 +18,14 @@ from dataclasses import asdict
 import mlx.core as mx
 import numpy as np
 
-from mlxspec.errors import MlxspecError
-from mlxspec.hub import resolve
-from mlxspec.validate import MAX_BLOCK, check_finite_weights
 from mlxspec.drafters.common import OPTIONAL_ZERO, RawDrafter, expected_shapes
 from mlxspec.drafters.config import DrafterConfig
 from mlxspec.drafters.formats import FORMATS, read_drafter
 from mlxspec.drafters.model import DFlashModel
+from mlxspec.errors import MlxspecError
+from mlxspec.hub import resolve
 from mlxspec.targets.model import TargetInfo
+from mlxspec.validate import MAX_BLOCK, check_finite_weights
 
 REQUESTED = ("auto", "draft-dflash", "draft-dspark")
 

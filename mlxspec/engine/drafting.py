@@ -23,8 +23,9 @@ import numpy as np
 
 from mlxspec import kernels
 from mlxspec.drafters.model import DFlashModel
-from mlxspec.targets.model import Target, target_head_rows, trim_cache
 from mlxspec.engine.verify import SamplingParams, probs_from_logits, sample_token
+from mlxspec.targets.load import default_dense
+from mlxspec.targets.model import Target, target_head_rows, trim_cache
 
 
 @dataclass
@@ -75,7 +76,6 @@ class BlockDrafter:
         Only for demonstrating PR #122's failure (tests, experiments): on an anchor-first
         drafter, False drafts every token one row late and acceptance collapses."""
         c = model.config
-        from mlxspec.targets.load import default_dense
 
         if dtype is None and default_dense():
             dtype = mx.float32  # CPU: float16 matmuls are several times slower than float32 BLAS
@@ -107,12 +107,19 @@ class BlockDrafter:
 
     def reset(self):
         self._ctx_buf: list = [None] * len(self.model.layers)  # per layer [k, v], capacity >= ctx_len
-        self.ctx_len = 0
+        self._written = 0  # context rows whose K/V are in the buffers
+        self._pending: list = []  # committed rows' taps not projected yet
+
+    @property
+    def ctx_len(self) -> int:
+        """Target positions the context covers (the anchor sits at this position)."""
+        return self._written + sum(t.shape[1] for t in self._pending)
 
     @property
     def ctx_kv(self) -> list:
         """Per layer (k, v) [1, n_kv, ctx_len, hd] of the context rows (views of the buffers)."""
-        L = self.ctx_len
+        self._flush()
+        L = self._written
         return [None if b is None or L == 0 else (b[0][:, :, :L], b[1][:, :, :L]) for b in self._ctx_buf]
 
     def begin(self, prompt_ids, prompt_taps):
@@ -120,13 +127,22 @@ class BlockDrafter:
         self.accept(prompt_ids, prompt_taps)
 
     def accept(self, tokens, taps):
-        """Append the committed rows' taps [1, n, T*H] at positions ctx_len.. ctx_len+n-1."""
-        n = taps.shape[1]
-        if n == 0:
+        """Append the committed rows' taps [1, n, T*H] at positions ctx_len.. ctx_len+n-1.
+
+        The projection into context K/V waits for the next draft: steps the policy runs
+        autoregressively cost the drafter nothing, and the rows of several steps are
+        projected in one batch."""
+        if taps.shape[1]:
+            self._pending.append(taps)
+
+    def _flush(self):
+        if not self._pending:
             return
-        pos = mx.arange(self.ctx_len, self.ctx_len + n)[None]
+        taps = self._pending[0] if len(self._pending) == 1 else mx.concatenate(self._pending, axis=1)
+        self._pending = []
+        n, p = taps.shape[1], self._written
+        pos = mx.arange(p, p + n)[None]
         ctx = self.model.context(taps.astype(self.head.dtype))
-        p = self.ctx_len
         for i, layer in enumerate(self.model.layers):
             k, v = layer.self_attn.context_kv(ctx, pos)
             buf = self._ctx_buf[i]
@@ -138,13 +154,14 @@ class BlockDrafter:
                 buf = self._ctx_buf[i] = new
             buf[0][:, :, p : p + n] = k
             buf[1][:, :, p : p + n] = v
-        self.ctx_len += n
+        self._written += n
 
     def trim_context(self, n: int):
         """Drop the last n context rows (used by tests and by callers that rewind)."""
         if n <= 0:
             return
-        self.ctx_len -= n  # rows past ctx_len are overwritten by the next accept
+        self._flush()
+        self._written -= n  # rows past the written ones are overwritten by the next flush
 
     # -- drafting -------------------------------------------------------------------
     def block_hidden(self, anchor: int, n_rows: int) -> mx.array:

@@ -25,11 +25,18 @@ from typing import Iterator
 import mlx.core as mx
 import numpy as np
 
-from mlxspec.targets.model import Target, cache_length, trim_cache
 from mlxspec.engine.drafting import Drafter, NoDrafter
 from mlxspec.engine.ngram import NgramDrafter, lookup_output
 from mlxspec.engine.policy import VerifyPolicy
-from mlxspec.engine.verify import SamplingParams, accept_greedy, argmax_finite, accept_sampled, probs_from_logits, sample_token
+from mlxspec.engine.verify import (
+    SamplingParams,
+    accept_greedy,
+    accept_sampled,
+    argmax_finite,
+    probs_from_logits,
+    sample_token,
+)
+from mlxspec.targets.model import Target, cache_length, trim_cache
 
 
 class InvariantError(AssertionError):
@@ -50,6 +57,27 @@ class SpecStats:
     drafted_at: list = field(default_factory=list)  # per position i (0-based)
     accepted_at: list = field(default_factory=list)
     verify_lengths: list = field(default_factory=list)
+
+    def merge(self, s: "SpecStats") -> None:
+        """Add another run's counts into these (one prefill token for all runs together)."""
+        t = self
+        t.prompt_tokens += s.prompt_tokens
+        t.prompt_time += s.prompt_time
+        # `generated` counts the prefill's token (tau and generation_tps subtract it once)
+        t.generated = max(t.generated, 1) + max(s.generated - 1, 0) if (t.generated or s.generated) else 0
+        t.target_forwards += s.target_forwards
+        t.draft_time += s.draft_time
+        t.verify_time += s.verify_time
+        t.gen_time += s.gen_time
+        t.verify_lengths += s.verify_lengths
+        n = max(len(t.drafted_at), len(s.drafted_at))
+        t.drafted_at += [0] * (n - len(t.drafted_at))
+        t.accepted_at += [0] * (n - len(t.accepted_at))
+        for i, (d, a) in enumerate(zip(s.drafted_at, s.accepted_at)):
+            t.drafted_at[i] += d
+            t.accepted_at[i] += a
+        t.drafted += s.drafted
+        t.accepted += s.accepted
 
     @property
     def acceptance_rate(self) -> float:
@@ -201,7 +229,7 @@ def generate_steps(
             d = drafter.draft(anchor, n, sampling, rng)
         drafts = list(d.tokens[:n]) if d else []
         t_drafted = time.perf_counter() - td
-        # 2. truncation by confidence (p_min, the old scheduler) or by the policy
+        # 2. truncation by confidence (p_min, --schedule) or by the policy
         if d is not None and d.confidence is not None and drafts:
             conf = d.confidence[: len(drafts)]
             if p_min is not None:

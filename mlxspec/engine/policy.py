@@ -22,6 +22,7 @@ under greedy decoding any function of the drafts is exact, so all confidences ar
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -255,3 +256,42 @@ class VerifyPolicy:
             pays = best_length(self.estimate(source).p(), self.verify_time, dt, self.max_drafts)[0] > 0
             cur = self.probe_interval(source)
             self.interval[source] = self.probe_base if pays else min(2 * cur, self.max_probe_every)
+
+    def inherit(self, old: "VerifyPolicy", cap: float) -> None:
+        """Start from what an earlier request's policy learned: its estimates and calibrations
+        (counts scaled down to at most `cap` verifications, so this request still moves them),
+        draft time, verify-time scale and probe spacing."""
+        for src, e in old.est.items():
+            e = copy.deepcopy(e)
+            k = min(1.0, cap / max(float(e.tried.max()), 1e-9))
+            e.tried *= k
+            e.hit *= k
+            self.est[src] = e
+        for src, c in old.calib.items():
+            k = min(1.0, cap / max(c.conf_sum, 1e-9))
+            self.calib[src] = Calibration(c.weight, c.conf_sum * k, c.hit_sum * k)
+        self.draft_time = dict(old.draft_time)
+        self.verify_scale = old.verify_scale
+        self.interval = dict(old.interval)
+        self.waited = dict(old.waited)
+
+
+class PolicyMemory:
+    """What one speculator's requests learned, carried from each request's policy into the
+    next one's (per sampling regime: acceptance at T=0 and T=1 differ). A drafter that is
+    never right on this workload is then not re-explored from its optimistic prior on every
+    request. Requests of one speculator run one after another (the server's worker, the API,
+    the benchmark); each new policy reads the previous one's state as it is when created."""
+
+    def __init__(self, cap: float = 12.0):
+        self.cap = cap
+        self._last: dict[str, VerifyPolicy] = {}
+
+    def policy(self, key: str, make) -> VerifyPolicy:
+        """A fresh policy from make(), started from the last policy made under `key`."""
+        new = make()
+        old = self._last.get(key)
+        if old is not None:
+            new.inherit(old, self.cap)
+        self._last[key] = new
+        return new

@@ -13,6 +13,7 @@ import time
 
 import mlx.core as mx
 
+from mlxspec.cache import cache_dir
 from mlxspec.targets.model import Target, trim_cache
 
 
@@ -48,8 +49,6 @@ def measure_verify_sps(target: Target, max_len: int, context: int = 128, repeats
 
 
 def verify_profile(target: Target, max_len: int) -> dict[int, float]:
-    from mlxspec.cache import cache_dir
-
     path = cache_dir() / "profiles" / f"{_key(target, max_len)}.json"
     if path.exists():
         return {int(k): v for k, v in json.loads(path.read_text()).items()}

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
+from mlxspec.errors import MlxspecError
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -54,8 +56,6 @@ def probs_from_logits(logits: mx.array, sp: SamplingParams) -> mx.array:
 
 
 def _nonfinite(who: str = "the target") -> Exception:
-    from mlxspec.errors import MlxspecError
-
     return MlxspecError(f"{who} produced non-finite (NaN/Inf) logits or probabilities; its weights are "
                         "corrupt or overflow in this precision: re-download or re-convert the model")
 

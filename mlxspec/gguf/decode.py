@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from functools import cache
 
+import gguf
 import numpy as np
 
 from mlxspec.gguf import quants
@@ -37,8 +38,6 @@ def bf16_as_f32(raw: np.ndarray, shape) -> np.ndarray:
 @cache
 def package_decodes(type_id: int) -> bool:
     """Whether the `gguf` package dequantizes this type (tried on one block of zeros)."""
-    import gguf
-
     try:
         qtype = gguf.GGMLQuantizationType(type_id)
         _, type_size = gguf.constants.GGML_QUANT_SIZES[qtype]
@@ -60,7 +59,6 @@ def dequantize(raw: np.ndarray, type_id: int, shape) -> np.ndarray:
     raw = np.asarray(raw)
     if type_id in LOWBIT_TYPES:
         return quants.dequantize(type_id, raw, (rows, shape[-1])).reshape(shape)
-    import gguf
 
     qtype = gguf.GGMLQuantizationType(type_id)
     out = gguf.quants.dequantize(raw.reshape(rows, -1), qtype)

@@ -1,7 +1,7 @@
 """Numpy codecs for the GGUF low-bit block types of PrismML-style targets (Bonsai).
 
 One block holds `qk` weights of one row; blocks run along the columns of a [rows, cols]
-matrix (numpy/torch order, rows = output features). Layouts (docs/drafters.md section 8):
+matrix (numpy/torch order, rows = output features). Layouts:
 
 | type   | id  | qk  | bytes | layout                                   | weight          |
 |--------|-----|-----|-------|------------------------------------------|-----------------|

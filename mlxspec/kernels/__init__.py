@@ -13,7 +13,14 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from mlxspec.kernels._launch import ENV_VAR, KernelSpec, Launch, backend, runner, use_reference
+from mlxspec.kernels._launch import (
+    ENV_VAR,
+    KernelSpec,
+    Launch,
+    backend,
+    runner,
+    use_reference,
+)
 from mlxspec.kernels.lowbit import lowbit_matmul_kernel, lowbit_matmul_reference
 from mlxspec.kernels.markov import markov_chain_kernel, markov_chain_reference
 

@@ -10,8 +10,15 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from mlxspec.gguf.quants import (
+    BLOCKS,
+    MLX_LAYOUT,
+    PTQ1_0,
+    Q1_0,
+    block_layout,
+    row_bytes,
+)
 from mlxspec.kernels._launch import KernelSpec, Launch
-from mlxspec.gguf.quants import BLOCKS, MLX_LAYOUT, PTQ1_0, Q1_0, block_layout, row_bytes
 
 SPEC = KernelSpec(name="mlxspec_lowbit_matmul", inputs=("x", "w", "params"), outputs=("y",),
                   stem="lowbit_matmul")

@@ -1,4 +1,4 @@
-"""DSpark Markov head drafted over a block (docs/drafters.md section 4).
+"""DSpark Markov head drafted over a block: each row adds a low-rank term of the previous token.
 
 For k in 0..B-1, with x_{-1} = anchor:
     z_k = base_logits[k] + W2 @ W1[x_{k-1}]          (W1, W2 stored [V, r])

@@ -22,6 +22,7 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
+from mlxspec import api
 from mlxspec.server.prompt_cache import ContextDrafter, PromptCache
 
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -194,8 +195,6 @@ class Worker:
     # -- the thread ----------------------------------------------------------------------
     def _run(self):
         try:
-            from mlxspec import api
-
             self.api = api
             self.target, self.tokenizer, self.spec = api.load(**self.load_kwargs)
             self.drafter = self.spec.make_drafter(self.target)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -18,16 +19,16 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from mlxspec.cache import cache_dir
 from mlxspec.errors import MlxspecError
+from mlxspec.targets.load import load_target, resolve_model_path
+from mlxspec.targets.model import dequantize_model
 
 
 def convert_to_mlx(model_path: str | None, out: str, dtype: str = "keep", force: bool = False) -> Path:
     """force: write into a non-empty `out` (mlxspec's files in it are replaced; others are kept).
     Files are written to a temporary directory inside `out` and renamed into place, so a failed
     run leaves no half-written file and a symlink in `out` is replaced, never written through."""
-    from mlxspec.targets.model import dequantize_model
-    from mlxspec.targets.load import load_target, resolve_model_path
-
     out_p = Path(out)
     if out_p.exists() and not out_p.is_dir():
         raise MlxspecError(f"--out {out}: exists and is not a directory; pass a new directory")
@@ -95,9 +96,6 @@ def cached_mlx_copy(gguf: str, dtype: str, root: str | None = None, log=None) ->
     """The GGUF target as an MLX directory under <cache>/bench (or `root`), converted once
     and reused while the source file is unchanged (size and mtime stamped in `.source`).
     Used by the benchmarks so mlx_lm runs the very same weights."""
-    import sys
-
-    from mlxspec.cache import cache_dir
 
     src = Path(gguf)
     out = (Path(root) if root else cache_dir() / "bench") / f"{src.stem}-{dtype}"

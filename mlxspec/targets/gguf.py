@@ -41,8 +41,17 @@ from mlxspec.gguf.file import GGUFFile, TensorInfo, read_gguf
 from mlxspec.gguf.names import gguf_to_hf_name
 from mlxspec.gguf.types import LOWBIT_TYPES, GGMLType
 from mlxspec.targets.lowbit_linear import NativeLowBitLinear
-from mlxspec.targets.plan import (AFFINE, BF16, NATIVE, PLAIN, REPACK, UNSUPPORTED, TensorPlan, model_classes,
-                                  plan_target)
+from mlxspec.targets.plan import (
+    AFFINE,
+    BF16,
+    NATIVE,
+    PLAIN,
+    REPACK,
+    UNSUPPORTED,
+    TensorPlan,
+    model_classes,
+    plan_target,
+)
 
 SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
 # Gemma-3 values llama.cpp does not store but hard-codes (src/llama-model.cpp): the local

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.utils import load_model
 
+from mlxspec import validate as V
+from mlxspec.cache import PACKAGED_MODELS, default_model_path, packaged_model_path
 from mlxspec.errors import MlxspecError
+from mlxspec.hub import resolve
+from mlxspec.targets.gguf import load_gguf_target
 from mlxspec.targets.model import Target, dequantize_model
 from mlxspec.targets.plan import model_classes
 from mlxspec.tokenizer import load_gguf_tokenizer, load_hf_tokenizer
@@ -30,13 +34,10 @@ def resolve_model_path(path: str | None) -> str:
     """None -> the default model; a name in `cache.PACKAGED_MODELS` (unless a local path of that
     name exists) -> its cached GGUF, fetched on first use; a Hugging Face repo id -> its local
     snapshot (like mlx_lm)."""
-    from mlxspec.cache import PACKAGED_MODELS, default_model_path, packaged_model_path
-
     if path is None:
         return str(default_model_path())
     if str(path) in PACKAGED_MODELS and not Path(path).exists():
         return str(packaged_model_path(str(path)))
-    from mlxspec.hub import resolve
 
     return resolve(str(path), "model")
 
@@ -55,16 +56,14 @@ def load_target(path: str | None = None, dense: bool | None = None) -> tuple[Tar
     if p.is_dir():
         model, config, tok, notes = _load_dir(p)
     else:
-        from mlxspec.targets.gguf import load_gguf_target
-
         model, config, g, notes = load_gguf_target(str(p), dense=dense)
         tok = load_gguf_tokenizer(g.metadata)
     if dense:
         dequantize_model(model, mx.float32)
     target = Target(model, config, source=str(p), notes=notes)
-    if len(tok) > target.info.vocab_size:
+    if tok.vocab_size > target.info.vocab_size:  # the base vocabulary (added tokens may be padding)
         raise MlxspecError(
-            f"{path}: tokenizer has {len(tok)} tokens but the model's embedding has "
+            f"{path}: tokenizer has {tok.vocab_size} tokens but the model's embedding has "
             f"{target.info.vocab_size} rows; the tokenizer does not belong to this model"
         )
     return target, tok
@@ -72,12 +71,10 @@ def load_target(path: str | None = None, dense: bool | None = None) -> tuple[Tar
 
 def _load_dir(p: Path):
 
-    from mlx_lm.utils import load_model
 
     cfg_path = p / "config.json"
     if not cfg_path.exists():
         raise MlxspecError(f"{p}: no config.json; pass an MLX/HF model directory or a .gguf file")
-    from mlxspec import validate as V
 
     config = V.read_json_object(cfg_path, "model config.json")
     fix = "fix the model's config.json"
@@ -109,11 +106,3 @@ def _load_dir(p: Path):
     V.require_regular_file(p / "tokenizer.json", "tokenizer.json")
     tok = load_hf_tokenizer(p)
     return model, config, tok, []
-
-
-def save_mlx_dir(target: Target, tokenizer_src: str, out: str | os.PathLike, gguf_metadata: dict | None = None) -> Path:
-    """Write the target as an MLX directory (config.json + safetensors + tokenizer.json).
-
-    Used by `mlxspec convert` so mlx_lm can run the very same weights.
-    """
-    raise NotImplementedError

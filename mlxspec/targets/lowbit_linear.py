@@ -17,6 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from mlxspec import kernels
 from mlxspec.gguf import quants as lowbit
 
 TYPE_IDS = tuple(lowbit.BLOCKS)  # 41, 42, 142, 143
@@ -66,8 +67,6 @@ class NativeLowBitLinear(nn.Module):
         return mx.array(lowbit.dequantize(self.type_id, raw, self.shape)).astype(dtype)
 
     def __call__(self, x: mx.array) -> mx.array:
-        from mlxspec import kernels
-
         y = kernels.lowbit_matmul(x, self.weight, self.type_id, self.shape)
         if "bias" in self:
             y = y + self.bias.astype(y.dtype)

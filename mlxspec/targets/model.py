@@ -26,6 +26,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlxspec.errors import MlxspecError
+from mlxspec.targets.lowbit_linear import NativeLowBitLinear
 from mlxspec.targets.rollback import REPLAY_MAX, TargetCache, cache_kind, slice_rows
 
 
@@ -254,8 +255,6 @@ def dense_weight(m: nn.Module, dtype=mx.float32) -> mx.array:
     first: `mx.dequantize` computes in the dtype of the scales, so with the GGUF blocks'
     float16 scales every weight would be rounded to float16. In float32, q * scale + bias
     reproduces `gguf.quants.dequantize` bit for bit (Q4_0 / Q4_1 / Q8_0 / low-bit repacks)."""
-    from mlxspec.targets.lowbit_linear import NativeLowBitLinear
-
     if isinstance(m, NativeLowBitLinear):
         return m.dense(dtype)
     if "scales" in m:
@@ -277,8 +276,6 @@ def dequantize_model(model: nn.Module, dtype=mx.float32) -> nn.Module:
     Also densifies `NativeLowBitLinear` layers (raw GGUF low-bit blocks) exactly, with
     `loading.lowbit.dequantize`.
     """
-    from mlxspec.targets.lowbit_linear import NativeLowBitLinear
-
     def dense(m):
         if isinstance(m, NativeLowBitLinear):
             lin = nn.Linear(m.input_dims, m.output_dims, bias="bias" in m)

@@ -19,6 +19,7 @@ import importlib
 from dataclasses import dataclass
 
 import numpy as np
+from mlx_lm.utils import MODEL_ARCHITECTURE_REMAPPING, MODEL_REMAPPING
 
 from mlxspec.gguf import decode
 from mlxspec.gguf.file import GGUFFile, TensorInfo
@@ -121,8 +122,6 @@ def plan_target(g: GGUFFile, native: bool = False, dense: bool = False) -> list[
 def model_classes(config: dict):
     """(Model, ModelArgs) of mlx-lm's implementation of `config["model_type"]`, after mlx-lm's
     model type remapping. ValueError when mlx-lm has none."""
-    from mlx_lm.utils import MODEL_ARCHITECTURE_REMAPPING, MODEL_REMAPPING
-
     model_type = config["model_type"]
     archs = config.get("architectures") or ()
     archs = (archs,) if isinstance(archs, str) else archs

@@ -28,8 +28,16 @@ every rollback (the engine rolls back once per verify) and holds at most MAX_LOG
 
 from __future__ import annotations
 
+import copy
+
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, ConcatenateKVCache, KVCache, QuantizedKVCache, RotatingKVCache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    ConcatenateKVCache,
+    KVCache,
+    QuantizedKVCache,
+    RotatingKVCache,
+)
 
 from mlxspec.errors import MlxspecError
 
@@ -110,8 +118,6 @@ class TargetCache(list):
 
     def __deepcopy__(self, memo):
         """A copy of the caches with an empty undo log (the records hold layer references)."""
-        import copy
-
         out = TargetCache([copy.deepcopy(c, memo) for c in self])
         out.length = self.length
         return out

@@ -7,8 +7,15 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+from mlxspec.args import check_blas
+from mlxspec.cache import cache_dir
 from mlxspec.errors import MlxspecError
-
+from mlxspec.evaluate import evaluate_drafter
+from mlxspec.targets.load import load_target
+from mlxspec.train.data import DEFAULT_SOURCES, prepare_generated_shards, prepare_shards
+from mlxspec.train.export import export_all
+from mlxspec.train.trainer import TrainConfig, train
+from mlxspec.validate import MAX_BLOCK, check_float_arg, check_int_arg
 
 DEFAULT_TOKENS = "code=650000,prose=520000,fortunes=130000"
 
@@ -76,8 +83,6 @@ def _parse_kv(s: str) -> dict:
 
 def check_train_args(a) -> None:
     """Range-check the train flags before minutes of loading and data preparation."""
-    from mlxspec.validate import MAX_BLOCK, check_float_arg, check_int_arg
-
     check_int_arg("--steps", a.steps, 1)
     check_int_arg("--block-size", a.block_size, 1, MAX_BLOCK)
     check_int_arg("--layers", a.layers, 1, 64)
@@ -106,12 +111,6 @@ def check_train_args(a) -> None:
 
 
 def cmd_train(a) -> int:
-    from mlxspec.args import check_blas
-    from mlxspec.targets.load import load_target
-    from mlxspec.train.data import DEFAULT_SOURCES, prepare_generated_shards, prepare_shards
-    from mlxspec.train.export import export_all
-    from mlxspec.train.trainer import TrainConfig, train
-
     check_train_args(a)
     check_blas()
     target, tok = load_target(a.model)
@@ -126,7 +125,6 @@ def cmd_train(a) -> int:
                 raise MlxspecError(f"--corpus expects CATEGORY=GLOB, got {c!r}")
             sources.setdefault(k, []).append(g)
         budget = {k: v for k, v in budget.items() if k in sources} or {k: 50_000 for k in sources}
-    from mlxspec.cache import cache_dir
 
     name = Path(target.info.source).stem
     data = Path(a.data) if a.data else (
@@ -166,8 +164,6 @@ def cmd_train(a) -> int:
     report = {"train_config": asdict(tc), "train_seconds_this_run": train_s,
               "history": info["history"], "exports": [str(p) for p in paths]}
     if a.eval_prompts:
-        from mlxspec.evaluate import evaluate_drafter
-
         report["eval"] = evaluate_drafter(target, tok, paths[0], n_per_category=a.eval_prompts)
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     print(f"wrote {', '.join(str(p) for p in paths)} and {out / 'report.json'}")

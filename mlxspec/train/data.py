@@ -16,8 +16,10 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
+from tqdm import tqdm
 
 from mlxspec.corpus import DEFAULT_SOURCES, corpus_files, read_text
+from mlxspec.errors import MlxspecError
 
 TOPK = 8
 DEFAULT_BUDGET = {"code": 100_000, "prose": 50_000, "fortunes": 10_000}
@@ -103,9 +105,6 @@ def prepare_shards(
     valid, mixed dataset; rerunning the same command resumes at `done`. Different
     settings on an existing store are refused.
     """
-    from tqdm import tqdm
-
-    from mlxspec.errors import MlxspecError
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -183,8 +182,6 @@ def stream_progress(path: str | os.PathLike) -> tuple[int, int, float]:
 def load_shards(path: str | os.PathLike, max_windows: int | None = None) -> dict[str, np.ndarray]:
     """Training data as arrays: a streamed store (memory-mapped, its completed rows only)
     or the older directory of `shard_XXXX.npz` files."""
-    from mlxspec.errors import MlxspecError
-
     p = Path(path)
     if (p / "progress.json").exists():
         done = stream_progress(p)[0]
@@ -228,8 +225,6 @@ def prepare_generated_shards(
 
     Shard layout as `prepare_shards`, plus start [N] int32.
     """
-    from tqdm import tqdm
-
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokens_per_category = tokens_per_category or DEFAULT_BUDGET

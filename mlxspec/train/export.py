@@ -13,6 +13,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from mlxspec.drafters.load import save_drafter
+
 HF_FORMAT = "speculators"  # carries sample_from_anchor, markov/confidence fields and d2t
 
 
@@ -25,8 +27,6 @@ def to_float16(model):
 def export_all(model, cfg, out: str | Path, target=None) -> list[Path]:
     """target: the Target trained against (the speculators export records it as the
     verifier and, with a reduced vocabulary, writes its head rows as lm_head.weight)."""
-    from mlxspec.drafters.load import save_drafter
-
     out = Path(out)
     to_float16(model)
     hf = out / "hf"

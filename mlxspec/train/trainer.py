@@ -28,9 +28,13 @@ import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
+from tqdm import tqdm
 
 from mlxspec.drafters.config import DrafterConfig
 from mlxspec.drafters.model import DFlashModel
+from mlxspec.errors import MlxspecError
+from mlxspec.targets.model import target_head_rows
+from mlxspec.train.data import load_shards
 
 
 @dataclass
@@ -229,9 +233,6 @@ def train(
 
     A checkpoint in out_dir is resumed only when its settings match `tc` (`check_out_dir`);
     a non-empty out_dir without one is refused unless `force`."""
-    from tqdm import tqdm
-
-    from mlxspec.train.data import load_shards
 
     out = Path(out_dir)
     check_out_dir(out, tc, resume, force)
@@ -353,16 +354,12 @@ def warm_start_from_target(model: DFlashModel, target, taps: list) -> None:
 
 def _target_head(target) -> mx.array:
     """The target's LM head, dense float32 (dequantized when the target is quantized)."""
-    from mlxspec.targets.model import target_head_rows
-
     return target_head_rows(target, None)
 
 
 def check_out_dir(out: Path, tc: TrainConfig, resume: bool, force: bool) -> None:
     """--out safety: resume only a checkpoint trained with the same settings (all but the
     step budget); refuse a non-empty directory holding none unless `force`."""
-    from mlxspec.errors import MlxspecError
-
     state = out / "ckpt" / "state.json"
     if resume and state.exists():
         try:

@@ -12,9 +12,9 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from mlxspec.errors import MlxspecError
 from mlxspec.drafters.common import RawDrafter
 from mlxspec.drafters.formats import deepspec, gguf, hf, speculators, zlab
+from mlxspec.errors import MlxspecError
 from mlxspec.gguf.file import read_gguf
 from mlxspec.validate import require_regular_file
 

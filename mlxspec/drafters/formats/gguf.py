@@ -23,14 +23,21 @@ from __future__ import annotations
 import math
 import re
 
+import gguf
 import mlx.core as mx
 import numpy as np
 
 from mlxspec import validate as V
-from mlxspec.errors import MlxspecError
-from mlxspec.drafters.common import RawDrafter, claim_tensors, model_tensors, parse_flag, to_mx
+from mlxspec.drafters.common import (
+    RawDrafter,
+    claim_tensors,
+    model_tensors,
+    parse_flag,
+    to_mx,
+)
 from mlxspec.drafters.config import DrafterConfig, DrafterSpec
 from mlxspec.drafters.features import FeatureRules, infer_features
+from mlxspec.errors import MlxspecError
 from mlxspec.gguf import decode
 from mlxspec.gguf.file import GGUFFile, TensorInfo, type_name
 from mlxspec.gguf.types import GGMLType
@@ -337,8 +344,6 @@ def read_gguf_drafter(path: str, g: GGUFFile, target_vocab: int | None = None) -
 
 def _np_for_gguf(a: mx.array):
     """(numpy array, raw ggml dtype or None) for GGUFWriter.add_tensor."""
-    import gguf
-
     if a.dtype == mx.bfloat16:
         return np.array(a.view(mx.uint16)), gguf.GGMLQuantizationType.BF16
     if a.dtype == mx.float16:
@@ -356,8 +361,6 @@ def write_gguf_drafter(model, cfg: DrafterConfig, path: str, fmt: str, doubled_p
     Refuses gated/rnn Markov heads (no GGUF spelling), and for the legacy format bonus-
     anchor drafters (PrismML's legacy dspark drafter is anchor-first whatever a key says)
     and reduced vocabularies."""
-    import gguf
-
     if cfg.markov_rank and cfg.markov_head_type != "vanilla":
         raise MlxspecError(f"{path}: GGUF cannot hold a {cfg.markov_head_type} Markov head; write it as speculators")
     if fmt == "gguf-dspark-legacy":

@@ -18,10 +18,16 @@ import mlx.core as mx
 import numpy as np
 
 from mlxspec import validate as V
-from mlxspec.errors import MlxspecError
-from mlxspec.drafters.common import RawDrafter, claim_tensors, model_tensors, parse_flag, to_mx
+from mlxspec.drafters.common import (
+    RawDrafter,
+    claim_tensors,
+    model_tensors,
+    parse_flag,
+    to_mx,
+)
 from mlxspec.drafters.config import DrafterConfig, DrafterSpec
 from mlxspec.drafters.features import FeatureRules, infer_features
+from mlxspec.errors import MlxspecError
 
 FIX = "fix the drafter's config.json or download the drafter again"
 

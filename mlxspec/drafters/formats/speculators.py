@@ -11,10 +11,10 @@ import mlx.core as mx
 import numpy as np
 
 from mlxspec import validate as V
-from mlxspec.errors import MlxspecError
 from mlxspec.drafters.common import RawDrafter
 from mlxspec.drafters.config import DrafterConfig
 from mlxspec.drafters.formats import hf
+from mlxspec.errors import MlxspecError
 from mlxspec.targets.model import target_head_rows
 
 RULES = hf.hf_rules("speculators", from_tensors=True, reduced_vocab=True)

@@ -7,10 +7,10 @@ Bonus-anchor DFlash only: no DSpark heads, log-SNR or reduced vocabulary.
 
 from __future__ import annotations
 
-from mlxspec.errors import MlxspecError
 from mlxspec.drafters.common import RawDrafter
 from mlxspec.drafters.config import DrafterConfig
 from mlxspec.drafters.formats import hf
+from mlxspec.errors import MlxspecError
 
 RULES = hf.hf_rules("zlab", from_tensors=False, reduced_vocab=False)
 
