@@ -32,6 +32,7 @@ import jinja2
 import numpy as np
 from mlx_lm.tokenizer_utils import (
     BPEStreamingDetokenizer,
+    NaiveStreamingDetokenizer,
     SPMStreamingDetokenizer,
     TokenizerWrapper,
 )
@@ -361,7 +362,12 @@ def load_hf_tokenizer(path: str | os.PathLike) -> TokenizerWrapper:
         except (ValueError, OSError) as e:
             raise MlxspecError(f"{cfg_path}: invalid JSON ({e})") from None
     try:
-        tok = mlx_lm_load_tokenizer(d)
+        if cfg_path.is_file():
+            tok = mlx_lm_load_tokenizer(d)
+        else:
+            # no tokenizer_config.json: transformers would pick a tokenizer class from
+            # config.json's model_type, which need not be the one tokenizer.json describes
+            tok = TokenizerWrapper(PreTrainedTokenizerFast(tokenizer_file=str(tj)), NaiveStreamingDetokenizer)
     except Exception as e:  # noqa: BLE001 - transformers/tokenizers raise many kinds for a bad file
         raise MlxspecError(f"{tj}: cannot read tokenizer.json ({e})") from None
     det = tok.detokenizer
