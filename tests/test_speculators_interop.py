@@ -141,4 +141,5 @@ def test_written_drafters_load_and_draft_in_speculators(speculators_python, smol
     path = tmp_path / "drafter"
     save_drafter(m, cfg, path, "speculators", target=target)
     got = _check(speculators_python, target, tok, path, tmp_path, "The capital of France is", verifier_dir)
-    assert got["verifier"]["name_or_path"] == target.info.source
+    # the packaged GGUF's upstream repo, not a path on this machine
+    assert got["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"

@@ -18,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxspec import validate as V
+from mlxspec.cache import verifier_name
 from mlxspec.drafters.common import (
     RawDrafter,
     claim_tensors,
@@ -261,7 +262,8 @@ def target_facts(cfg: DrafterConfig, target, path: str, fmt: str) -> dict:
     mpe = tcfg.get("max_position_embeddings") or cfg.extra.get("max_position_embeddings") or DEFAULT_MAX_POSITIONS
     if info is not None:
         arch = tcfg.get("architectures") or [HF_ARCHITECTURES.get(info.model_type, info.model_type)]
-        verifier = {"name_or_path": info.source or info.model_type, "architectures": list(arch)}
+        verifier = {"name_or_path": verifier_name(info.source) if info.source else info.model_type,
+                    "architectures": list(arch)}
     else:
         verifier = cfg.extra.get("verifier")
     if n_layers is None and fmt == "zlab":
