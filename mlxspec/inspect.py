@@ -50,7 +50,7 @@ def inspect_path(path: str | os.PathLike) -> str:
     lines = report.split("\n")
     at = next((i for i, ln in enumerate(lines) if ln.startswith("  role: target")), None)
     if at is not None:  # the --draft auto pairing (mlxspec/data/registry.json)
-        lines.insert(at + 1, f"  drafter (--draft auto): {describe(shown)}")
+        lines.insert(at + 1, f"  drafter (--draft auto): {describe(shown, alternatives=True)}")
     return "\n".join(lines)
 
 

@@ -295,43 +295,76 @@ def test_hub_ids_resolve_from_the_local_cache_offline(tmp_path):
 
 
 def test_draft_auto_picks_the_registry_drafter_and_validates_it(tmp_path):
-    """--draft auto on a hub target takes its drafter from mlxspec/data/registry.json
-    (here z-lab's repo id for Qwen3-8B, holding a tiny random DFlash drafter in the offline
-    cache); the output is the target's; `inspect` shows the pairing; a drafter that does not
-    fit its target is refused in one line."""
+    """--draft auto on a hub target takes its most preferred drafter from
+    mlxspec/data/registry.json (here DeepSpec's DSpark repo id for Qwen3-8B, holding a tiny
+    random DSpark drafter in the offline cache); the output is the target's; `inspect` shows
+    the pairing and the other published drafter; a drafter that does not fit its target is
+    refused in one line."""
     import test_engine as te
     from tiny_targets import hub_snapshot_dir, write_hub_repo
 
     from mlxspec.drafters.load import save_drafter
-    from mlxspec.drafters.registry import lookup, model_name
+    from mlxspec.drafters.registry import candidates, lookup, model_name
 
     assert model_name("mlx-community/Qwen3-8B-4bit") == "qwen3-8b"
-    assert lookup("mlx-community/Qwen3-8B-4bit")["drafter"] == "z-lab/Qwen3-8B-DFlash-b16"
+    assert [e["drafter"] for e in candidates("mlx-community/Qwen3-8B-4bit")] == [
+        "deepseek-ai/dspark_qwen3_8b_block7", "z-lab/Qwen3-8B-DFlash-b16"]
+    assert lookup("Qwen/Qwen3-14B")["drafter"] == "deepseek-ai/dspark_qwen3_14b_block7"
     assert lookup("someone/unknown-model") is None
     hf = tmp_path / "hf"
     model, _ = write_hub_repo(hf, "mlx-community/Qwen3-8B-4bit", "qwen3")
     info = Target(model, {"model_type": "qwen3"}).info
-    m = te.random_drafter(info, block=4, anchor_first=False, taps=(0, 2), heads=4, kv_heads=2, head_dim=8, mask=63)
-    save_drafter(m, m.config, hub_snapshot_dir(hf, "z-lab/Qwen3-8B-DFlash-b16"), "zlab", target=info)
+    m = te.random_drafter(info, block=4, anchor_first=True, markov_rank=4, confidence=True, taps=(0, 2), heads=4,
+                          kv_heads=2, head_dim=8, mask=63)
+    save_drafter(m, m.config, hub_snapshot_dir(hf, "deepseek-ai/dspark_qwen3_8b_block7"), "deepspec", target=info)
     common = ["--prompt", "t1 t5 t9 t2 t7 t3 t8", "--max-tokens", 12, "--ignore-chat-template", "--verbose", "False"]
     plain = _cli("generate", "--model", "mlx-community/Qwen3-8B-4bit", "--draft", "none", *common, hf_home=hf)
     auto = _cli("generate", "--model", "mlx-community/Qwen3-8B-4bit", *common, hf_home=hf)
     assert plain.returncode == 0 and auto.returncode == 0, auto.stderr
-    assert "--draft auto: z-lab/Qwen3-8B-DFlash-b16 (dflash, z-lab; registry v1)" in auto.stderr
-    assert "lineage=dflash" in auto.stderr
+    assert "--draft auto: deepseek-ai/dspark_qwen3_8b_block7 (dspark, deepspec; registry v2)" in auto.stderr
+    assert "lineage=dspark" in auto.stderr
     assert auto.stdout == plain.stdout and plain.stdout.strip()
     r = _cli("inspect", "mlx-community/Qwen3-8B-4bit", hf_home=hf)
     assert r.returncode == 0, r.stderr
-    assert "drafter (--draft auto): z-lab/Qwen3-8B-DFlash-b16" in r.stdout
+    assert ("drafter (--draft auto): deepseek-ai/dspark_qwen3_8b_block7 (dspark, deepspec; registry v2); "
+            "also published: z-lab/Qwen3-8B-DFlash-b16 (dflash)") in r.stdout
     # the registry's drafter for Qwen3-4B, but built for a wider model: refused before generating
     write_hub_repo(hf, "Qwen/Qwen3-4B", "qwen3")
-    wide = te.random_drafter(info, block=4, anchor_first=False, taps=(0, 2), hidden=48, heads=4, kv_heads=2,
+    wide = te.random_drafter(info, block=4, anchor_first=True, taps=(0, 2), hidden=48, heads=4, kv_heads=2,
                              head_dim=8, mask=63)
-    save_drafter(wide, wide.config, hub_snapshot_dir(hf, "z-lab/Qwen3-4B-DFlash-b16"), "zlab", target=info)
+    save_drafter(wide, wide.config, hub_snapshot_dir(hf, "deepseek-ai/dspark_qwen3_4b_block7"), "deepspec",
+                 target=info)
     bad = _cli("generate", "--model", "Qwen/Qwen3-4B", *common, hf_home=hf)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
     errs = [ln for ln in bad.stderr.splitlines() if ln.startswith("mlxspec: error")]
     assert len(errs) == 1 and "hidden" in errs[0], bad.stderr
+
+
+def test_registry_table_is_well_formed():
+    """Every registry entry names a target, a drafter (hub id or a shipped directory that
+    exists), a known lineage and its source; no drafter is listed twice; packaged short
+    names and their cached GGUF file names match the same entries."""
+    import re
+
+    from mlxspec.drafters.registry import candidates, model_name, table
+
+    t = table()
+    assert isinstance(t["version"], int) and t["version"] >= 2
+    seen = set()
+    for e in t["entries"]:
+        assert set(e) == {"target", "drafter", "lineage", "source"}, e
+        assert e["lineage"] in ("dflash", "dspark") and e["source"] in ("mlxspec", "z-lab", "deepspec"), e
+        assert e["drafter"] not in seen, e
+        seen.add(e["drafter"])
+        if e["drafter"].startswith("shipped:"):
+            from pathlib import Path
+
+            assert any(Path(c["path"]).is_dir() for c in candidates(e["target"]) if c["drafter"] == e["drafter"]), e
+        else:
+            assert re.fullmatch(r"[\w.-]+/[\w.-]+", e["drafter"]), e
+        assert model_name(e["target"]) == e["target"].lower()
+    assert model_name("gemma3-270m") == model_name("/cache/models/gemma-3-270m-q4_k_m.gguf") == "gemma-3-270m"
+    assert model_name("qwen2.5-coder-0.5b") == "qwen2.5-coder-0.5b-instruct"
 
 
 def test_deepcopy_keeps_the_caches_and_drops_the_log(arch_target):

@@ -88,3 +88,36 @@ def test_train_flags_with_defaults_pass_the_check():
     check_train_args(p.parse_args(["train", "--out", "x", "--tokens", "code=100,prose=5"]))
     with pytest.raises(MlxspecError, match="--tokens"):
         check_train_args(p.parse_args(["train", "--out", "x", "--tokens", "code"]))
+
+
+def test_default_taps_spread_over_the_target_layers():
+    """Without --taps the drafter reads five layers spread from layer 1 to the
+    third-to-last: SmolLM2's shipped taps for its 30 layers, 1,5,9,13,16 for Gemma-3-270M;
+    every tap exists and none repeats, also on tiny targets."""
+    from mlxspec.train.cli import default_taps
+
+    assert default_taps(30) == [1, 8, 15, 22, 28]
+    assert default_taps(18) == [1, 5, 9, 13, 16]
+    assert default_taps(24) == [1, 7, 12, 17, 22]
+    for n in range(1, 80):
+        taps = default_taps(n)
+        assert taps == sorted(set(taps)) and taps[0] >= 0 and taps[-1] < n, (n, taps)
+        if n >= 10:
+            assert len(taps) == 5 and taps[0] == 1 and taps[-1] == n - 2, (n, taps)
+
+
+def test_taps_beyond_the_target_are_refused_in_one_line(tmp_path):
+    """--taps naming a layer the target does not have is one line with exit code 2, before
+    any data is prepared."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-m", "mlxspec.cli", "train", "--out", str(tmp_path / "o"), "--taps", "1,8,40",
+                        "--data", str(tmp_path / "d")], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines[-1] == ("mlxspec: error: --taps 1,8,40: the target has 30 layers (0..29); "
+                         "pass layer numbers below that"), r.stderr
+    assert not (tmp_path / "d").exists()

@@ -39,7 +39,9 @@ def add_train_args(p):
     p.add_argument("--max-windows", type=int, default=None,
                    help="train on the first N windows of the data only (budget studies)")
     p.add_argument("--prefix-len", type=int, default=64, help="generated mode: corpus prefix tokens")
-    p.add_argument("--taps", default="1,8,15,22,28", help="target layers (output of layer k) the drafter reads")
+    p.add_argument("--taps", default=None,
+                   help="target layers (output of layer k) the drafter reads (default: five spread from layer 1 to "
+                        "the third-to-last, e.g. 1,8,15,22,28 for SmolLM2's 30 layers, 1,5,9,13,16 for Gemma-3-270M's 18)")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--block-size", type=int, default=8)
     p.add_argument("--layout", choices=("anchor-first", "bonus-anchor"), default="anchor-first")
@@ -64,6 +66,15 @@ def add_train_args(p):
                    help="write into a non-empty --out that holds no checkpoint to resume (with --no-resume: start over)")
     p.add_argument("--eval-prompts", type=int, default=8, help="held-out prompts per category for the final evaluation (0 = skip)")
     p.add_argument("--prepare-only", action="store_true")
+
+
+def default_taps(num_layers: int, n: int = 5) -> list[int]:
+    """n target layers spread evenly from layer 1 to layer num_layers - 2 (rounded up): early,
+    middle and late features, leaving the last layer, which mostly shapes the logits."""
+    if num_layers <= n:
+        return list(range(num_layers))
+    span = num_layers - 3
+    return sorted({1 + -(-i * span // (n - 1)) for i in range(n)})
 
 
 def _parse_kv(s: str) -> dict:
@@ -100,12 +111,18 @@ def check_train_args(a) -> None:
     check_int_arg("--max-windows", a.max_windows, 1, allow_none=True)
     check_float_arg("--lr", a.lr, 0.0, 1.0, lo_open=True)
     check_float_arg("--data-seconds", a.data_seconds, 0.0, lo_open=True, allow_none=True)
+    if a.taps is None:
+        return _check_tokens(a)
     parts = [x.strip() for x in str(a.taps).split(",")]
     if not all(x.lstrip("-").isdigit() for x in parts):
         raise MlxspecError(f"--taps {a.taps!r}: pass comma-separated layer numbers, e.g. 1,8,15")
     taps = [int(x) for x in parts]
     if len(set(taps)) != len(taps) or min(taps) < 0:
         raise MlxspecError(f"--taps {a.taps!r}: layer numbers must be distinct and >= 0")
+    _check_tokens(a)
+
+
+def _check_tokens(a) -> None:
     if a.tokens is not None:
         _parse_kv(a.tokens)
 
@@ -114,7 +131,11 @@ def cmd_train(a) -> int:
     check_train_args(a)
     check_blas()
     target, tok = load_target(a.model)
-    taps = [int(x) for x in a.taps.split(",")]
+    n_layers = target.info.num_layers
+    taps = default_taps(n_layers) if a.taps is None else [int(x) for x in a.taps.split(",")]
+    if max(taps) >= n_layers:
+        raise MlxspecError(f"--taps {','.join(map(str, taps))}: the target has {n_layers} layers (0..{n_layers - 1}); "
+                           "pass layer numbers below that")
     budget = _parse_kv(a.tokens or DEFAULT_TOKENS)
     sources = None
     if a.corpus:
