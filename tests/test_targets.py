@@ -87,6 +87,26 @@ def test_cache_kinds_are_the_models_own(arch_target):
     assert target.info.num_layers == 4 and target.info.vocab_size == 64 and target.info.hidden_size == 32
 
 
+def test_norm_scale_reproduces_the_final_norm(arch_target):
+    """`norm_scale` gives the scale a plain RMSNorm needs to equal the target's final norm,
+    for llama-style norms (weight) and Gemma's (1 + weight) alike: the drafter trainer
+    starts its own norm there."""
+    from mlxspec.targets.model import norm_scale
+
+    arch, target = arch_target
+    norm = target.model.model.norm
+    saved = norm.weight
+    try:  # a non-trivial weight (the fixture is shared: restored after)
+        norm.weight = mx.random.normal(norm.weight.shape, key=mx.random.key(3))
+        x = mx.random.normal((5, 32), key=mx.random.key(4))
+        s = norm_scale(norm, 32)
+        assert mx.allclose(mx.fast.rms_norm(x, s, norm.eps), norm(x), atol=1e-5).item(), arch
+        offset = 1.0 if arch == "gemma3" else 0.0
+        assert mx.allclose(s, norm.weight + offset, atol=1e-5).item(), arch
+    finally:
+        norm.weight = saved
+
+
 def test_taps_and_logits_from_the_models_own_forward(arch_target):
     """Taps = the outputs of decoder layer k (checked against a forward truncated after k
     layers by mlx-lm's own module), logits = mlx-lm's forward, "last" = its last row."""

@@ -18,6 +18,7 @@ saving see the plain model); a Target is not meant to be called from two threads
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -318,3 +319,13 @@ def target_head_rows(target: Target, ids: mx.array | None) -> mx.array:
     mod = m.lm_head if getattr(m, "lm_head", None) is not None else m.model.embed_tokens
     w = dense_weight(mod, mx.float32)  # exact float32, never via float16
     return w if ids is None else w[ids]
+
+
+def norm_scale(norm: nn.Module, dims: int) -> mx.array:
+    """The per-channel scale an RMSNorm of the target applies, float32, whatever its
+    convention: llama-style norms multiply by `weight`, mlx-lm's Gemma norms by
+    `1 + weight`. Measured by applying the norm to a row of ones (whose RMS is 1) and
+    undoing its eps, so a drafter's plain RMSNorm can start at the target's scale."""
+    eps = float(getattr(norm, "eps", 0.0) or 0.0)
+    out = norm(mx.ones((1, dims), dtype=mx.float32)).astype(mx.float32)[0]
+    return out * math.sqrt(1.0 + eps)

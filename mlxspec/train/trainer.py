@@ -33,7 +33,7 @@ from tqdm import tqdm
 from mlxspec.drafters.config import DrafterConfig
 from mlxspec.drafters.model import DFlashModel
 from mlxspec.errors import MlxspecError
-from mlxspec.targets.model import target_head_rows
+from mlxspec.targets.model import norm_scale, target_head_rows
 from mlxspec.train.data import load_shards
 
 
@@ -259,7 +259,8 @@ def train(
     # at the target's scale from step 0. (A smaller start, e.g. 0.1x, looks gentler, CE
     # ~ln V instead of ~70 nats at step 0, but Adam grows a norm weight by ~lr per step:
     # measured, 0.1x had only reached 0.18x after 500 steps, capping every logit.)
-    model.norm.weight = target.model.model.norm.weight.astype(mx.float32)
+    # (norm_scale: Gemma's norms multiply by 1 + weight, the drafter's by weight)
+    model.norm.weight = norm_scale(target.model.model.norm, cfg.hidden_size)
     if tc.warm_start:
         warm_start_from_target(model, target, tc.taps)
     if cfg.draft_vocab_size:
@@ -340,8 +341,9 @@ def warm_start_from_target(model: DFlashModel, target, taps: list) -> None:
                 raise ValueError(f"warm start: drafter mlp.{name} {getattr(dl.mlp, name).weight.shape} "
                                  f"differs from the target's {w.shape}")
             getattr(dl.mlp, name).weight = w.astype(mx.float32)
-        dl.input_layernorm.weight = tl.input_layernorm.weight.astype(mx.float32)
-        dl.post_attention_layernorm.weight = tl.post_attention_layernorm.weight.astype(mx.float32)
+        H = dl.input_layernorm.weight.shape[0]
+        dl.input_layernorm.weight = norm_scale(tl.input_layernorm, H)
+        dl.post_attention_layernorm.weight = norm_scale(tl.post_attention_layernorm, H)
         dl.self_attn.q_norm.weight = mx.ones_like(dl.self_attn.q_norm.weight)
         dl.self_attn.k_norm.weight = mx.ones_like(dl.self_attn.k_norm.weight)
     H = model.fc.weight.shape[0]
