@@ -120,8 +120,8 @@ def main(argv=None) -> int:
         model, hf_tok = mlx_lm.load(str(mdir))
         hf_tok.eos_token_ids = []  # no early stop: exactly max_tokens tokens for both
         engines = {
-            "mlxspec": lambda ids, n: run_mlxspec(target, ids, n),
-            "mlx_lm": lambda ids, n: run_mlx_lm(model, hf_tok, ids, n),
+            "mlxspec": lambda ids, n, target=target: run_mlxspec(target, ids, n),
+            "mlx_lm": lambda ids, n, model=model, hf_tok=hf_tok: run_mlx_lm(model, hf_tok, ids, n),
         }
         for fn in engines.values():  # warm-up (kernels, caches, allocator)
             fn(prompts[0][1], 8)

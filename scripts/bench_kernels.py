@@ -90,7 +90,7 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     """Bytes per second of an elementwise copy (read + write counted)."""
     x = mx.zeros((nbytes // 4,), dtype=mx.uint32)
     mx.eval(x)
-    t = timeit(lambda: x + 1, reps=2, iters=5)
+    t = timeit(lambda x=x: x + 1, reps=2, iters=5)
     del x
     return 2 * nbytes / t
 

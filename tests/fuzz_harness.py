@@ -269,7 +269,6 @@ def _wrong_typed(rng):
 def gguf_target_cases(fx: Fixtures, rng) -> list[Case]:
     cases = []
     md, tensors = fx.md, fx.tensors
-    model_keys = [k for k, *_ in md if k.startswith("llama.")]
 
     def variant(cid, desc, md2=None, tensors2=None, arch="llama", alignment=None, expect="same"):
         def build(d, md2=md2, tensors2=tensors2, arch=arch, alignment=alignment):

@@ -19,7 +19,7 @@ from mlx.utils import tree_map
 
 from mlxspec.drafters.config import DrafterConfig
 from mlxspec.drafters.model import DFlashModel
-from mlxspec.targets.model import Target, cache_length
+from mlxspec.targets.model import Target
 from mlxspec.engine import loop as engine
 from mlxspec.engine.drafting import BlockDrafter, DraftOutput, SimpleDrafter
 from mlxspec.engine.loop import InvariantError, SpecStats, choose_verify_length, generate_steps, truncate_p_min

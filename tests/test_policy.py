@@ -244,7 +244,7 @@ def _sample(target, make, sp, n, policy_kw=None):
 
 
 @pytest.mark.parametrize("kind", ["ngram", "dspark+policy", "dspark+ngram+policy"])
-def test_sampling_with_policy_and_lookup_is_lossless(tiny, kind):
+def test_sampling_with_policy_and_lookup_is_lossless(tiny, kind):  # noqa: F811  (the fixture)
     target, _, dspark = tiny
     sp = SamplingParams(temperature=1.0)
     make = {
