@@ -48,6 +48,7 @@ from mlxspec.blas import blas_status
 from mlxspec.cache import display_path
 from mlxspec.drafters.load import load_drafter
 from mlxspec.drafters.model import DFlashModel
+from mlxspec.drafters.registry import candidates, model_name
 from mlxspec.engine.drafting import BlockDrafter
 from mlxspec.engine.loop import SpecStats, generate_steps
 from mlxspec.engine.profile import measure_verify_sps
@@ -66,8 +67,9 @@ MLX_LM = "mlx_lm AR"
 def add_bench_args(p):
     p.add_argument("--model", "-m", default=None, metavar="PATH", help="target: .gguf file or MLX/HF directory (default: SmolLM2-135M-Instruct)")
     p.add_argument("--draft", action="append", default=None, metavar="PATH",
-                   help="DFlash/DSpark drafter (directory or .gguf); repeatable. Default: the shipped "
-                        "smollm2-135m-dspark and -dflash drafters; 'none' = no drafter")
+                   help="DFlash/DSpark drafter (directory or .gguf); repeatable. Default: the drafters mlxspec "
+                        "ships for the target (smollm2-135m-dspark and -dflash for the default model); "
+                        "'none' = no drafter")
     p.add_argument("--draft-simple", default=None, metavar="PATH",
                    help="also run draft-simple with this draft model (MLX/HF directory or .gguf, same tokenizer)")
     p.add_argument("--num-draft-tokens", type=int, default=4, metavar="N", help="draft-simple: tokens per draft (default 4)")
@@ -128,8 +130,13 @@ def settings(a) -> dict:
     s["categories"] = cats
     s["seed"] = a.seed
     s["texts"] = {c: sets[c][:n] for c in cats}
-    if a.draft is None:
+    if a.draft is None and a.model is None:
         drafts = [str(p) for p in (shipped_drafter("dspark"), shipped_drafter("dflash")) if p]
+    elif a.draft is None:  # the drafters mlxspec ships for this target (registry.json)
+        drafts = [e["path"] for e in candidates(a.model) if e["drafter"].startswith("shipped:")]
+        if not drafts:
+            raise MlxspecError(f"--model {a.model}: mlxspec ships no drafter for {model_name(a.model)}; "
+                               "pass --draft PATH (or --draft none for the autoregressive rows only)")
     else:
         drafts = [d for d in a.draft if d.lower() != "none"]
     for d in drafts + ([a.draft_simple] if a.draft_simple else []):

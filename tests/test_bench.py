@@ -89,6 +89,8 @@ def test_bench_tiny_run(drafter_dir, tmp_path, capsys):
     (["--prompts-per-category", "99"], "--prompts-per-category 99: the code set has only"),
     (["--max-tokens", "1"], "--max-tokens 1: tokens/s needs at least 2 tokens"),
     (["--policies", "fixed,greedy"], "--policies: unknown verify policy 'greedy'"),
+    (["--model", "someone/Other-Model-4bit"],
+     "--model someone/Other-Model-4bit: mlxspec ships no drafter for other-model; pass --draft PATH"),
 ])
 def test_bench_user_errors(args, message, capsys):
     assert cli.main(["bench", *args]) == 2
