@@ -111,18 +111,13 @@ def check_train_args(a) -> None:
     check_int_arg("--max-windows", a.max_windows, 1, allow_none=True)
     check_float_arg("--lr", a.lr, 0.0, 1.0, lo_open=True)
     check_float_arg("--data-seconds", a.data_seconds, 0.0, lo_open=True, allow_none=True)
-    if a.taps is None:
-        return _check_tokens(a)
-    parts = [x.strip() for x in str(a.taps).split(",")]
-    if not all(x.lstrip("-").isdigit() for x in parts):
-        raise MlxspecError(f"--taps {a.taps!r}: pass comma-separated layer numbers, e.g. 1,8,15")
-    taps = [int(x) for x in parts]
-    if len(set(taps)) != len(taps) or min(taps) < 0:
-        raise MlxspecError(f"--taps {a.taps!r}: layer numbers must be distinct and >= 0")
-    _check_tokens(a)
-
-
-def _check_tokens(a) -> None:
+    if a.taps is not None:
+        parts = [x.strip() for x in str(a.taps).split(",")]
+        if not all(x.lstrip("-").isdigit() for x in parts):
+            raise MlxspecError(f"--taps {a.taps!r}: pass comma-separated layer numbers, e.g. 1,8,15")
+        taps = [int(x) for x in parts]
+        if len(set(taps)) != len(taps) or min(taps) < 0:
+            raise MlxspecError(f"--taps {a.taps!r}: layer numbers must be distinct and >= 0")
     if a.tokens is not None:
         _parse_kv(a.tokens)
 
