@@ -13,7 +13,8 @@ import pytest
 from mlxspec.drafters.load import load_drafter
 from mlxspec.engine.drafting import BlockDrafter
 from mlxspec.engine.verify import SamplingParams
-from mlxspec.train.data import load_shards, prepare_generated_shards
+from mlxspec.errors import MlxspecError
+from mlxspec.train.data import load_shards, prepare_generated_shards, prepare_shards, taps_from_store, taps_to_store
 from mlxspec.train.export import export_all
 from mlxspec.train.trainer import TrainConfig, train
 
@@ -43,6 +44,47 @@ def test_generated_shards_follow_the_target(shards):
     # from the prefix on, each token is the target's own greedy choice at the previous position
     assert (z["topk_ids"][:, 31:-1, 0] == z["tokens"][:, 32:]).all()
     assert (z["start"] == 32).all()
+
+
+def test_taps_store_keeps_activations_past_float16():
+    """Gemma's residual stream has channels past float16's 65504: the store keeps them
+    finite (bfloat16 bits), to bfloat16's 8-bit precision."""
+    x = mx.array([[0.5, -3.25, 70000.0, -1.5e5, 1e-3]])
+    back = taps_from_store(taps_to_store(x))
+    assert back.dtype == mx.float32
+    assert np.isfinite(np.asarray(back)).all()
+    assert np.allclose(np.asarray(back), np.asarray(x), rtol=2 ** -8)
+    assert np.isinf(np.asarray(x.astype(mx.float16))).any()  # what format 1 stored
+
+
+def test_streamed_store_is_resumable_and_refuses_overflowed_taps(smollm2, tmp_path):
+    """prepare_shards streams target taps (bfloat16 bits) + top-k labels, resumes where it
+    stopped, and a store whose taps overflowed (format 1, float16) is refused in one line."""
+    target, tok = smollm2
+    src = {"fortunes": ["/usr/share/games/fortunes/*"]}
+    out = tmp_path / "store"
+    prepare_shards(target, tok, out, TAPS, seq_len=32, tokens_per_category={"fortunes": 96}, batch=1,
+                   sources=src, max_seconds=0.0)  # stops after the first window
+    assert json.loads((out / "progress.json").read_text())["done"] == 1
+    prepare_shards(target, tok, out, TAPS, seq_len=32, tokens_per_category={"fortunes": 96}, batch=1, sources=src)
+    z = load_shards(out)
+    assert z["taps"].dtype == np.uint16 and z["taps"].shape == (3, 32, 3 * 576)
+    # row 1 (from the resumed run) equals the target's own taps, rounded to bfloat16
+    _, tp = target.forward_hidden(mx.array(np.asarray(z["tokens"][1:2])), TAPS)
+    got = np.asarray(taps_from_store(np.asarray(z["taps"][1:2])))
+    assert np.array_equal(got, np.asarray(tp.astype(mx.bfloat16).astype(mx.float32)))
+    assert (np.asarray(z["topk_ids"][:, :-1, 0]) >= 0).all()
+
+    bad = tmp_path / "old"
+    bad.mkdir()
+    for k in ("tokens", "category", "topk_ids", "topk_probs", "meta.json", "progress.json"):
+        f = out / (k if k.endswith(".json") else f"{k}.npy")
+        (bad / f.name).write_bytes(f.read_bytes())
+    t16 = np.asarray(taps_from_store(np.asarray(z["taps"]))).astype(np.float16)
+    t16[2, 5, 7] = np.inf
+    np.save(bad / "taps.npy", t16)
+    with pytest.raises(MlxspecError, match=r"1 stored tap values are inf/NaN .* prepare the data again"):
+        load_shards(bad)
 
 
 def test_loss_decreases_resume_and_export(smollm2, shards, tmp_path):

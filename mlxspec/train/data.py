@@ -2,7 +2,7 @@
 
 The target is run once over every training window (the same prefill that produces the
 taps also produces the target's own next-token distribution); results are cached on
-disk as float16 shards so training steps never run the target.
+disk (taps as bfloat16 bits, labels as float16) so training steps never run the target.
 
 The corpus and its fixed train/held-out split: `mlxspec.corpus`.
 """
@@ -68,6 +68,40 @@ def next_token_topk(logits: mx.array, chunk: int = 64) -> tuple[mx.array, mx.arr
 
 
 STREAM_ARRAYS = ("tokens", "category", "taps", "topk_ids", "topk_probs")
+STREAM_FORMAT = "mlxspec-stream-2"  # 1: taps float16 (overflows on Gemma), 2: taps bfloat16 bits
+
+
+def taps_to_store(tp: mx.array) -> np.ndarray:
+    """Target taps as stored: bfloat16 bit patterns in a uint16 array (numpy has no bfloat16).
+
+    Not float16: Gemma's residual stream has channels past float16's 65504 (measured on
+    Gemma-3-270M, taps 9 and 13: about 2.6 values per million were inf in float16, and one
+    inf makes every loss NaN). bfloat16 keeps float32's range at float16's size."""
+    return np.asarray(tp.astype(mx.bfloat16).view(mx.uint16))
+
+
+def taps_from_store(a: np.ndarray) -> mx.array:
+    """Stored taps as float32: uint16 arrays hold bfloat16 bits (format 2), float16
+    arrays are format-1 stores."""
+    if a.dtype == np.uint16:
+        return mx.array(a).view(mx.bfloat16).astype(mx.float32)
+    return mx.array(a).astype(mx.float32)
+
+
+def check_finite_taps(path, taps: np.ndarray, chunk: int = 64) -> None:
+    """Refuse a store whose taps hold inf/NaN (a format-1 float16 store of a target whose
+    activations overflow float16): one such value turns every training loss into NaN."""
+    bad = 0
+    for s in range(0, len(taps), chunk):
+        a = np.asarray(taps[s : s + chunk])
+        if a.dtype == np.float16:
+            bad += int(a.size - np.count_nonzero(np.isfinite(a)))
+        elif a.dtype == np.uint16:  # bfloat16 bits: exponent all ones = inf/NaN
+            bad += int(np.count_nonzero((a & 0x7F80) == 0x7F80))
+    if bad:
+        raise MlxspecError(f"{path}: {bad} stored tap values are inf/NaN (the target's activations overflowed "
+                           "this store's float16); prepare the data again into a new --data directory "
+                           "(this version stores taps as bfloat16)")
 
 
 def _write_json_atomic(path: Path, obj) -> None:
@@ -99,7 +133,8 @@ def prepare_shards(
 
     Layout of `out_dir` (numpy .npy files, memory-mapped while writing and reading):
       tokens [N, L] int32, category [N] str (written first, they are cheap),
-      taps [N, L, T*H] float16, topk_ids [N, L, K] int32, topk_probs [N, L, K] float16,
+      taps [N, L, T*H] uint16 (bfloat16 bits, read with `taps_from_store`),
+      topk_ids [N, L, K] int32, topk_probs [N, L, K] float16,
       meta.json (settings), progress.json {"done": n}: rows < n are complete.
     Windows are in a fixed shuffled order (categories interleaved), so any prefix is a
     valid, mixed dataset; rerunning the same command resumes at `done`. Different
@@ -109,7 +144,7 @@ def prepare_shards(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokens_per_category = tokens_per_category or DEFAULT_BUDGET
-    settings = {"format": "mlxspec-stream-1", "taps": list(taps), "seq_len": seq_len, "topk": TOPK,
+    settings = {"format": STREAM_FORMAT, "taps": list(taps), "seq_len": seq_len, "topk": TOPK,
                 "budget": tokens_per_category, "seed": seed, "model": str(getattr(target.info, "source", "")),
                 "sources": sources or DEFAULT_SOURCES}
     meta_p, prog_p = out / "meta.json", out / "progress.json"
@@ -135,7 +170,7 @@ def prepare_shards(
         n, TH = len(tokens), len(taps) * target.info.hidden_size
         from numpy.lib.format import open_memmap
 
-        open_memmap(out / "taps.npy", "w+", np.float16, (n, seq_len, TH)).flush()
+        open_memmap(out / "taps.npy", "w+", np.uint16, (n, seq_len, TH)).flush()
         open_memmap(out / "topk_ids.npy", "w+", np.int32, (n, seq_len, TOPK)).flush()
         open_memmap(out / "topk_probs.npy", "w+", np.float16, (n, seq_len, TOPK)).flush()
         _write_json_atomic(prog_p, {"done": 0, "seconds": 0.0})
@@ -150,16 +185,13 @@ def prepare_shards(
                desc="target taps", disable=None, smoothing=0.1)
     t_start = time.time()
     while done < n:
-        if max_seconds is not None and time.time() - t_start > max_seconds:
-            break
         t0 = time.time()
         e = min(n, done + batch)
         x = mx.array(np.asarray(tokens[done:e]))
         hid, tp = target.forward_hidden(x, taps)
         ids, pk = next_token_topk(target.lm_head(hid))
-        tp = tp.astype(mx.float16)
         mx.eval(tp, ids, pk)
-        taps_mm[done:e] = np.asarray(tp)
+        taps_mm[done:e] = taps_to_store(tp)
         ids_mm[done:e] = np.asarray(ids)
         p_mm[done:e] = np.asarray(pk.astype(mx.float16))
         for m in (taps_mm, ids_mm, p_mm):
@@ -168,6 +200,8 @@ def prepare_shards(
         done = e
         _write_json_atomic(prog_p, {"done": done, "seconds": spent})
         bar.update(x.size)
+        if max_seconds is not None and time.time() - t_start >= max_seconds:
+            break  # after at least one batch, so every call makes progress
     bar.close()
     return out
 
@@ -190,7 +224,9 @@ def load_shards(path: str | os.PathLike, max_windows: int | None = None) -> dict
         if done == 0:
             raise MlxspecError(f"{path}: the training data store has no completed windows yet; "
                                "run `mlxspec train --prepare-only` on it first")
-        return {k: np.load(p / f"{k}.npy", mmap_mode="r")[:done] for k in STREAM_ARRAYS}
+        out = {k: np.load(p / f"{k}.npy", mmap_mode="r")[:done] for k in STREAM_ARRAYS}
+        check_finite_taps(path, out["taps"])
+        return out
     files = sorted(p.glob("shard_*.npz"))
     if not files:
         raise MlxspecError(f"{path}: no training shards; run `mlxspec train --prepare-only` (or any `mlxspec train`) first")
@@ -198,6 +234,7 @@ def load_shards(path: str | os.PathLike, max_windows: int | None = None) -> dict
     out = {k: np.concatenate([q[k] for q in parts]) for k in parts[0]}
     if max_windows is not None:
         out = {k: v[:max_windows] for k, v in out.items()}
+    check_finite_taps(path, out["taps"])
     return out
 
 
@@ -257,7 +294,7 @@ def prepare_generated_shards(
             ids, pk = next_token_topk(logits)
             nxt = ids[:, -1:, 0]  # greedy: the target's own next token
             mx.eval(tp, ids, pk, nxt)
-            tap_l.append(tp.astype(mx.float16))
+            tap_l.append(tp)
             id_l.append(ids)
             p_l.append(pk.astype(mx.float16))
             if sum(t.shape[1] for t in toks) == L:
@@ -269,7 +306,7 @@ def prepare_generated_shards(
         np.savez(
             out / f"shard_{shard:04d}.npz",
             tokens=seq,
-            taps=np.asarray(mx.concatenate(tap_l, axis=1)),
+            taps=taps_to_store(mx.concatenate(tap_l, axis=1)),
             topk_ids=np.asarray(mx.concatenate(id_l, axis=1)).astype(np.int32),
             topk_probs=np.asarray(mx.concatenate(p_l, axis=1)),
             category=cats[s : s + b],

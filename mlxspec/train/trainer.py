@@ -34,7 +34,7 @@ from mlxspec.drafters.config import DrafterConfig
 from mlxspec.drafters.model import DFlashModel
 from mlxspec.errors import MlxspecError
 from mlxspec.targets.model import norm_scale, target_head_rows
-from mlxspec.train.data import load_shards
+from mlxspec.train.data import load_shards, taps_from_store
 
 
 @dataclass
@@ -147,7 +147,7 @@ class Batcher:
         tk_p = np.where(tk_ids >= 0, tk_p, 0.0)
         taps = s["taps"][idx]
         return dict(
-            taps=mx.array(taps),
+            taps=taps_from_store(taps),
             block_tok=mx.array(block_tok.reshape(S, K * B)),
             pos=mx.array(pos.reshape(S, K * B)),
             mask=mx.array(mask),
@@ -306,6 +306,10 @@ def train(
         loss, metrics, norm = step_fn(b)
         mx.eval(model.parameters(), opt.state, loss, metrics)
         lv = float(loss)
+        if not math.isfinite(lv):
+            bar.close()
+            raise MlxspecError(f"training diverged at step {step} (loss {lv}); the last checkpoint in {out / 'ckpt'} "
+                               "is from before it: lower --lr, or check the --data store")
         ema = lv if ema is None else 0.98 * ema + 0.02 * lv
         el = time.time() - t0
         rate = (step + 1 - start) * rows_per_step / max(el, 1e-9)
