@@ -542,3 +542,21 @@ def test_sampling_is_lossless_and_the_check_catches_a_wrong_rule(tiny, monkeypat
     monkeypatch.setattr(engine, "accept_sampled", accept_everything)
     wrong = distribution_check(sample_many(target, make, sp, n_wrong), exact)
     assert any(t > b for t, b in wrong.values()), f"the check missed a wrong acceptance rule: {wrong}"
+
+
+def test_float16_drafter_context_survives_taps_past_float16(sm):
+    """Gemma's taps reach ~1e5, past float16's 65504: a float16 drafter (the Metal default)
+    computes fc + hidden_norm in float32, so its context stays finite and matches a float32
+    drafter's to float16 precision."""
+    target = sm[0]
+    taps = mx.random.normal((1, 6, 3 * target.info.hidden_size), key=mx.random.key(1))
+    taps[0, 2, 7] = 9.0e4
+    taps[0, 4, 100] = -1.2e5
+    ref = BlockDrafter(random_drafter(target.info, taps=(1, 10, 20)), target, dtype=mx.float32).context(taps)
+    d16 = BlockDrafter(random_drafter(target.info, taps=(1, 10, 20)), target, dtype=mx.float16)
+    got = d16.context(taps)
+    assert got.dtype == mx.float16
+    assert np.isfinite(np.asarray(got.astype(mx.float32))).all()
+    assert np.allclose(np.asarray(got.astype(mx.float32)), np.asarray(ref), atol=3e-2, rtol=1e-2)
+    # what the old path (cast the taps to float16 first) gave
+    assert not np.isfinite(np.asarray(d16.model.context(taps.astype(mx.float16)).astype(mx.float32))).all()

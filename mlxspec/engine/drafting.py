@@ -135,6 +135,15 @@ class BlockDrafter:
         if taps.shape[1]:
             self._pending.append(taps)
 
+    def context(self, taps: mx.array) -> mx.array:
+        """fc + hidden_norm over target taps, in the drafter's dtype. A float16 drafter
+        computes it in float32: Gemma's taps reach ~1e5, past float16's 65504, and one inf
+        there makes every draft NaN (lossless still, but nothing is accepted)."""
+        dt = self.model.hidden_norm.weight.dtype
+        if dt == mx.float16:
+            return self.model.context(taps.astype(mx.float32)).astype(dt)
+        return self.model.context(taps.astype(dt))
+
     def _flush(self):
         if not self._pending:
             return
@@ -142,7 +151,7 @@ class BlockDrafter:
         self._pending = []
         n, p = taps.shape[1], self._written
         pos = mx.arange(p, p + n)[None]
-        ctx = self.model.context(taps.astype(self.head.dtype))
+        ctx = self.context(taps)
         for i, layer in enumerate(self.model.layers):
             k, v = layer.self_attn.context_kv(ctx, pos)
             buf = self._ctx_buf[i]
