@@ -16,6 +16,7 @@ running interpreter's own `shlex.py`.
 
 from __future__ import annotations
 
+import io
 import math
 import shlex
 from pathlib import Path
@@ -23,9 +24,12 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
+from mlxspec.api import load_speculator
 from mlxspec.engine.loop import SpecStats, generate_steps
+from mlxspec.evaluate import run_prompts
 from mlxspec.engine.ngram import NgramDrafter
 from mlxspec.targets.load import load_target
+from mlxspec.prompts import encode_prompt, load_prompts
 from mlxspec.tokenizer import apply_chat_template
 
 pytestmark = pytest.mark.download
@@ -94,6 +98,34 @@ def test_gemma_spec_equals_ar_past_sliding_window(gemma):
     prompt = ids[:560] + ids[1:61]  # the opening again: the continuation copies it, then leaves it
     assert len(prompt) > target.model.args.sliding_window
     check_spec_equals_ar(target, tok, prompt, max_tokens=40)
+
+
+GEMMA_DRAFTER = Path(__file__).parent.parent / "mlxspec" / "weights" / "gemma3-270m-dspark"
+# Held-out acceptance of the shipped Gemma drafter: 4 code + 2 prose prompts of prompts.json
+# (held-out split), 48 tokens each, greedy. Measured GEMMA_MEASURED; floor at about 0.7x.
+GEMMA_FLOOR = GEMMA_FLOOR_VALUE
+
+
+def test_gemma_shipped_dspark_drafter_is_lossless_and_accepted(gemma):
+    """The DSpark drafter trained with `mlxspec train --model gemma3-270m` (model card in
+    mlxspec/weights/README.md): identical tokens to autoregressive on held-out prompts and
+    on the 620-token prompt past the sliding window, with acceptance above the floor."""
+    target, tok = gemma
+    spec = load_speculator(str(GEMMA_DRAFTER), target, spec_type="auto", log=io.StringIO())
+    p = load_prompts()
+    prompts = [encode_prompt(tok, "code", t) for t in p["code"][:4]] + [encode_prompt(tok, "prose", t) for t in p["prose"][:2]]
+    _, ar = run_prompts(target, tok, None, prompts, 48)
+    st, outs = run_prompts(target, tok, spec.drafter_factory, prompts, 48)
+    for i, (a, b) in enumerate(zip(outs, ar)):
+        assert a == b, f"prompt {i}: speculative output differs from autoregressive"
+    print(f"held-out: acceptance {st.acceptance_rate:.1%} ({st.accepted}/{st.drafted}), tau {st.tau:.2f}")
+    assert st.acceptance_rate >= GEMMA_FLOOR, f"acceptance {st.acceptance_rate:.1%} below the floor {GEMMA_FLOOR:.0%}"
+
+    ids = tok.encode(PROSE)
+    prompt = ids[:560] + ids[1:61]
+    want = greedy(target, tok, prompt, max_tokens=40)
+    got = greedy(target, tok, prompt, spec.drafter_factory(target), max_tokens=40)
+    assert got == want
 
 
 # ----------------------------------------------------------------------------- Qwen2.5-Coder-0.5B
