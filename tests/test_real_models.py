@@ -102,8 +102,8 @@ def test_gemma_spec_equals_ar_past_sliding_window(gemma):
 
 GEMMA_DRAFTER = Path(__file__).parent.parent / "mlxspec" / "weights" / "gemma3-270m-dspark"
 # Held-out acceptance of the shipped Gemma drafter: 4 code + 2 prose prompts of prompts.json
-# (held-out split), 48 tokens each, greedy. Floor provisional until measured.
-GEMMA_FLOOR = 0.03
+# (held-out split), 48 tokens each, greedy. Measured 2026-12-01: 2.6% (45/1702), tau 1.19; floor at 0.7x.
+GEMMA_FLOOR = 0.018
 
 
 def test_gemma_shipped_dspark_drafter_is_lossless_and_accepted(gemma):
