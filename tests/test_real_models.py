@@ -26,10 +26,10 @@ import pytest
 
 from mlxspec.api import load_speculator
 from mlxspec.engine.loop import SpecStats, generate_steps
-from mlxspec.evaluate import run_prompts
 from mlxspec.engine.ngram import NgramDrafter
-from mlxspec.targets.load import load_target
+from mlxspec.evaluate import run_prompts
 from mlxspec.prompts import encode_prompt, load_prompts
+from mlxspec.targets.load import load_target
 from mlxspec.tokenizer import apply_chat_template
 
 pytestmark = pytest.mark.download

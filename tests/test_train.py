@@ -55,6 +55,11 @@ def test_taps_store_keeps_activations_past_float16():
     assert np.isfinite(np.asarray(back)).all()
     assert np.allclose(np.asarray(back), np.asarray(x), rtol=2 ** -8)
     assert np.isinf(np.asarray(x.astype(mx.float16))).any()  # what format 1 stored
+    # a target whose own forward overflows is refused where the taps enter the store
+    with pytest.raises(MlxspecError, match=r"^the target's hidden states at the tapped layers hold inf/NaN"):
+        taps_to_store(mx.array([[1.0, float("inf")]]))
+    with pytest.raises(MlxspecError, match="inf/NaN"):
+        taps_to_store(mx.array([[float("nan"), 0.0]]))
 
 
 def test_streamed_store_is_resumable_and_refuses_overflowed_taps(smollm2, tmp_path):
