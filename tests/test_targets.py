@@ -1,6 +1,8 @@
 """Every mlx-lm target architecture mlxspec claims, through the model's own forward and cache:
 llama, qwen3, qwen3_moe, gemma3 (sliding window smaller than the context), mistral with a
-sliding window, and qwen3_5 (Gated DeltaNet + attention). Tiny random-weight models built
+sliding window, qwen3_5 (Gated DeltaNet + attention), and two more families published drafters
+target: llama with Llama-3.1's llama3 RoPE scaling, and gpt_oss (MoE, attention sinks,
+sliding-window layers). Tiny random-weight models built
 from mlx-lm's own classes (tests/tiny_targets.py).
 
 For each: greedy speculative output equals autoregressive token for token with blocks
@@ -82,7 +84,7 @@ def arch_target(request):
 def test_cache_kinds_are_the_models_own(arch_target):
     arch, target = arch_target
     kinds = [cache_kind(c) for c in target.make_cache()]
-    want = {"gemma3": "rotating", "mistral": "rotating", "qwen3_5": "arrays"}.get(arch)
+    want = {"gemma3": "rotating", "mistral": "rotating", "gpt_oss": "rotating", "qwen3_5": "arrays"}.get(arch)
     assert (want in kinds) if want else set(kinds) == {"kv"}
     assert target.info.num_layers == 4 and target.info.vocab_size == 64 and target.info.hidden_size == 32
 

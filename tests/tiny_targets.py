@@ -33,10 +33,18 @@ def tiny_config(arch: str, vocab: int = 64) -> dict:
                     linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=8,
                     linear_conv_kernel_dim=4,
                     rope_parameters={"type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5})
+    if arch == "llama3_1":  # Llama-3.1: llama with the "llama3" RoPE frequency scaling
+        return dict(base, model_type="llama", rope_theta=500000.0,
+                    rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+    if arch == "gpt_oss":  # MoE, attention sinks, sliding-window layers alternating with full ones
+        return dict(base, model_type="gpt_oss", num_local_experts=4, num_experts_per_tok=2,
+                    sliding_window=WINDOW,
+                    layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])
     raise ValueError(arch)
 
 
-ARCHS = ["llama", "qwen3", "qwen3_moe", "gemma3", "mistral", "qwen3_5"]
+ARCHS = ["llama", "qwen3", "qwen3_moe", "gemma3", "mistral", "qwen3_5", "llama3_1", "gpt_oss"]
 
 
 def tiny_model(arch: str, seed: int = 0, vocab: int = 64, base=None, noise: float = 0.0, head_scale: float = 3.0):
