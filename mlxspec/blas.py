@@ -5,8 +5,8 @@ The `mlx[cpu]` wheel links netlib's reference BLAS (~2 GFLOP/s). Debian's
 CPU GEMM ~60x faster, and a 16-token verify of SmolLM2 cost ~2x a 1-token decode
 instead of ~14x. Speculative decoding on Linux CPU depends on it.
 
-`mlxspec` (the CLI) re-executes itself once with the library preloaded when it is
-installed and not yet loaded; set MLXSPEC_NO_BLAS_REEXEC=1 to turn that off. Python API
+`mlxspec` (the CLI, entry point `mlxspec.__main__`) re-executes itself once with the
+library preloaded when it is installed and not yet loaded, before MLX is imported; set MLXSPEC_NO_BLAS_REEXEC=1 to turn that off. Python API
 users preload it themselves (`LD_PRELOAD=$(python -m mlxspec.blas) python app.py`).
 """
 
@@ -71,7 +71,7 @@ def reexec_with_openblas(argv: list[str]) -> None:
     env = dict(os.environ)
     env["LD_PRELOAD"] = (lib + " " + env["LD_PRELOAD"]).strip() if env.get("LD_PRELOAD") else lib
     env["MLXSPEC_NO_BLAS_REEXEC"] = "1"  # never loop
-    os.execve(sys.executable, [sys.executable, "-m", "mlxspec.cli", *argv], env)
+    os.execve(sys.executable, [sys.executable, "-m", "mlxspec", *argv], env)
 
 
 if __name__ == "__main__":

@@ -114,9 +114,6 @@ def cmd_convert(a) -> int:
 
 def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from mlxspec.blas import reexec_with_openblas
-
-    reexec_with_openblas(sys.argv[1:] if argv is None else list(argv))
     ap = build_parser()
     a = ap.parse_args(argv)
     try:
