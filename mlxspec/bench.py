@@ -158,7 +158,7 @@ def settings(a) -> dict:
 def command_line(a) -> str:
     if getattr(a, "command", None):
         return a.command
-    if Path(sys.argv[0]).name in ("mlxspec", "cli.py") and sys.argv[1:2] == ["bench"]:
+    if Path(sys.argv[0]).name in ("mlxspec", "cli.py", "__main__.py") and sys.argv[1:2] == ["bench"]:
         return shlex.join(["mlxspec", *sys.argv[1:]])
     return shlex.join(["python", *sys.argv])
 

@@ -469,8 +469,7 @@ def load(model: str | None = None, draft: str | None = "auto", spec_type: str = 
     spec = None
     if group.rank() == 0:
         if draft == "auto":
-            ship = api.shipped_drafter("dspark") if model is None else None
-            draft = str(ship) if (ship and spec_type != "none") else None
+            draft, spec_type = api.resolve_auto_draft(model, spec_type, ngram=spec_kw.get("ngram", False), log=log)
         spec = api.load_speculator(draft, target, spec_type=spec_type, block_size=block_size, num_draft_tokens=num_draft_tokens, p_min=p_min, schedule=schedule, log=log,
                                    **spec_kw)
     return target, tok, spec

@@ -13,19 +13,21 @@ a fresh prefill of the committed tokens (and gives the same next logits).
 
 from __future__ import annotations
 
+import io
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
 from tiny_targets import ARCHS, WINDOW, tiny_model, tiny_target
 
-from mlxspec.errors import MlxspecError
-from mlxspec.engine.drafting import DraftOutput
-from mlxspec.targets.rollback import cache_kind
-from mlxspec.targets.model import Target, cache_length, trim_cache
-from mlxspec.engine.drafting import SimpleDrafter
+from mlxspec import api
+from mlxspec.engine.drafting import DraftOutput, SimpleDrafter
 from mlxspec.engine.loop import SpecStats, generate_steps
 from mlxspec.engine.verify import SamplingParams
+from mlxspec.errors import MlxspecError
+from mlxspec.targets.model import Target, cache_length, trim_cache
+from mlxspec.targets.rollback import cache_kind
 
 PROMPT = [5, 9, 2, 7, 11, 3, 8]  # longer than WINDOW
 
@@ -272,8 +274,6 @@ def test_api_takes_an_mlx_lm_model_and_tokenizer_straight(tmp_path, arch):
     import mlx_lm
     from tiny_targets import write_tiny_dir
 
-    from mlxspec import api
-
     _, tdir = write_tiny_dir(tmp_path / "target", arch, seed=0)
     _, ddir = write_tiny_dir(tmp_path / "draft", arch, seed=5)
     model, tok = mlx_lm.load(tdir)
@@ -298,7 +298,7 @@ def test_hub_ids_resolve_from_the_local_cache_offline(tmp_path):
     """--model and --draft take Hugging Face repo ids (a cached snapshot in HF_HOME, offline);
     a sliding-window target with a draft model gives the plain run's text; an uncached repo is
     one line, exit 2."""
-    from tiny_targets import write_hub_repo
+    from tiny_targets import hub_snapshot_dir, write_hub_repo
 
     hf = tmp_path / "hf"
     write_hub_repo(hf, "tiny-org/gemma3-tiny", "gemma3", seed=0)
@@ -310,6 +310,18 @@ def test_hub_ids_resolve_from_the_local_cache_offline(tmp_path):
                 "--draft", "tiny-org/gemma3-tiny-draft", "--num-draft-tokens", 3, *common, hf_home=hf)
     assert spec.returncode == 0, spec.stderr
     assert spec.stdout == plain.stdout and plain.stdout.strip()
+    # no registry drafter for this repo: --draft auto (the default) says so in one line and runs
+    # model-free prompt lookup under the adaptive policy; the text is the plain run's
+    auto = _cli("generate", "--model", "tiny-org/gemma3-tiny", *common, hf_home=hf)
+    assert auto.returncode == 0, auto.stderr
+    assert auto.stdout == plain.stdout
+    assert ("mlxspec: --draft auto: no known drafter for 'gemma3-tiny' (registry v2); prompt lookup (ngram, "
+            "model-free) under the adaptive verify policy; --draft PATH for a block drafter, --draft none for "
+            "plain decoding") in auto.stderr.splitlines(), auto.stderr
+    _, _, sp = api.load(str(hub_snapshot_dir(hf, "tiny-org/gemma3-tiny")), log=io.StringIO())
+    assert (sp.spec_type, sp.policy, sp.drafter_factory is not None) == ("ngram", "adaptive", True)
+    off = _cli("generate", "--model", "tiny-org/gemma3-tiny", "--no-ngram", *common, hf_home=hf)
+    assert off.returncode == 0 and off.stdout == plain.stdout and "autoregressive (--no-ngram)" in off.stderr
     missing = _cli("generate", "--model", "tiny-org/not-there", "--draft", "none", *common, hf_home=hf)
     assert missing.returncode == 2 and "Traceback" not in missing.stderr
     lines = [ln for ln in missing.stderr.splitlines() if ln.strip()]

@@ -61,11 +61,14 @@ def lookup(target: str) -> dict | None:
     return found[0] if found else None
 
 
-def describe(target: str, *, alternatives: bool = False) -> str:
+def describe(target: str, *, alternatives: bool = False, ngram: bool = True) -> str:
     found = candidates(target)
     v = table()["version"]
     if not found:
-        return f"no known drafter for '{model_name(target)}' (registry v{v}); --draft auto runs autoregressive"
+        then = ("prompt lookup (ngram, model-free) under the adaptive verify policy" if ngram
+                else "autoregressive (--no-ngram)")
+        return (f"no known drafter for '{model_name(target)}' (registry v{v}); {then}; "
+                "--draft PATH for a block drafter, --draft none for plain decoding")
     e = found[0]
     text = f"{e['drafter']} ({e['lineage']}, {e['source']}; registry v{v})"
     if alternatives and len(found) > 1:
