@@ -31,8 +31,8 @@ from mlxspec.drafters.load import load_drafter
 from mlxspec.drafters.registry import describe
 from mlxspec.errors import MlxspecError
 from mlxspec.gguf.file import read_gguf
-from mlxspec.hub import resolve
 from mlxspec.targets.gguf import SUPPORTED_ARCHS, gguf_config
+from mlxspec.targets.load import resolve_model_path
 from mlxspec.targets.plan import model_classes, plan_target
 from mlxspec.tokenizer import load_gguf_tokenizer, load_hf_tokenizer, tokenizer_family
 
@@ -40,10 +40,11 @@ _BIG_META = ("tokenizer.ggml.tokens", "tokenizer.ggml.scores", "tokenizer.ggml.t
 
 
 def inspect_path(path: str | os.PathLike) -> str:
-    """The report for a .gguf file or a model / drafter directory (or a Hugging Face repo id:
-    its cached/downloaded snapshot), as text."""
+    """The report for a .gguf file or a model / drafter directory, as text. Also what `--model`
+    takes: a packaged short name (gemma3-270m, ...: its cached GGUF, fetched on first use) or a
+    Hugging Face repo id (its cached/downloaded snapshot)."""
     shown = str(path)
-    p = Path(resolve(str(path), "model"))
+    p = Path(resolve_model_path(str(path)))
     if not p.exists():
         raise MlxspecError(f"{path}: no such file or directory; pass a .gguf file or a model/drafter directory")
     report = _inspect_dir(p) if p.is_dir() else _inspect_gguf(p)

@@ -163,3 +163,17 @@ def test_qwen_greedy(qwen):
 def test_qwen_spec_equals_ar(qwen):
     target, tok = qwen
     check_spec_equals_ar(target, tok, tok.encode(CODE)[:600], max_tokens=48)
+
+
+@pytest.mark.parametrize("name, arch, pairing", [
+    ("gemma3-270m", "gemma3_text", "shipped:gemma3-270m-dspark (dspark, mlxspec; registry v2)"),
+    ("qwen2.5-coder-0.5b", "qwen2", "no known drafter for 'qwen2.5-coder-0.5b-instruct' (registry v2); prompt lookup"),
+])
+def test_inspect_takes_the_short_names_generate_takes(name, arch, pairing):
+    """`mlxspec inspect NAME` resolves a packaged short name as `--model NAME` does (its cached
+    GGUF) and shows the --draft auto pairing."""
+    from mlxspec.inspect import inspect_path
+
+    report = inspect_path(name)
+    assert f"  role: target ({arch})" in report.splitlines()
+    assert f"  drafter (--draft auto): {pairing}" in report
