@@ -204,6 +204,12 @@ def test_cli_under_mlx_launch_prints_once_and_matches(tmp_path):
                           "--", mlxspec, *args, "--check"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert "error" not in two.stderr, two.stderr[-2000:]
     assert one.stdout.strip() and two.stdout == one.stdout
+    # --draft auto (the default) with no known drafter: prompt lookup on rank 0, the same text
+    auto = [a for a in args if a not in ("--draft", draft)]
+    three = subprocess.run([LAUNCH, "--backend", "ring", "--hosts", "127.0.0.1", "-n", "2", "-p", str(free_port()),
+                            "--", mlxspec, *auto, "--check"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert "error" not in three.stderr and "prompt lookup (ngram" in three.stderr, three.stderr[-2000:]
+    assert three.stdout == one.stdout
 
 
 def test_recurrent_target_is_refused_in_one_line(tmp_path):
