@@ -328,6 +328,8 @@ def stream_generate(
 
 def generate(model, tokenizer, prompt, speculator=None, *, verbose: bool = False, **kw) -> str:
     text, last = "", None
+    if verbose:  # as mlx_lm.generate: the text between two rules, then the footer
+        print("=" * 10)
     for r in stream_generate(model, tokenizer, prompt, speculator, **kw):
         if verbose:
             print(r.text, end="", flush=True)

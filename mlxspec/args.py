@@ -86,6 +86,8 @@ def prompt_ids(a, tok, prompt: str) -> list[int]:
 def print_generation(target, tok, ids, spec, a):
     """Stream the text to stdout, then the footer (--verbose); -> the last response."""
     last = None
+    if a.verbose:  # as mlx_lm's generate: the text between two rules, then the footer
+        print("=" * 10, flush=True)
     for r in api.stream_generate(target, tok, ids, spec, max_tokens=a.max_tokens, temp=a.temp, top_p=a.top_p, top_k=a.top_k, seed=a.seed, stop=a.stop):
         print(r.text, end="", flush=True)
         last = r

@@ -99,8 +99,9 @@ def test_generate_equals_cli(sm, dspark_dir, smollm2_path, capsys):
                    "--ignore-chat-template", "-n", "16"])
     out = capsys.readouterr().out
     assert rc == 0
-    assert out.startswith(text + "\n")
-    footer = out[len(text) + 1:]
+    # mlx_lm's layout: a rule, the text, a rule, the footer
+    assert out.startswith("=" * 10 + "\n" + text + "\n" + "=" * 10 + "\n")
+    footer = out[len(text) + 12:]
     assert "Generation: 16 tokens" in footer and "Speculative: acceptance" in footer
 
 
