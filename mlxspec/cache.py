@@ -319,8 +319,19 @@ UPSTREAM_REPOS = {
 }
 
 
+def hub_repo_of(path) -> str | None:
+    """'org/name' when `path` lies in a snapshot of the Hugging Face hub cache
+    (.../models--org--name/snapshots/<commit>[/...]), which is where a hub id resolves to;
+    else None."""
+    parts = Path(str(path)).parts
+    for i in range(len(parts) - 2, 0, -1):
+        if parts[i] == "snapshots" and parts[i - 1].startswith("models--"):
+            return parts[i - 1][len("models--"):].replace("--", "/", 1)
+    return None
+
+
 def verifier_name(source: str) -> str:
-    """The name a drafter file gives its target: the upstream repo id of a packaged model,
-    else the path or repo id the target was loaded from."""
-    return UPSTREAM_REPOS.get(os.path.basename(str(source)), str(source))
+    """The name a drafter file (or a server) gives its target: the upstream repo id of a
+    packaged model, the repo id of a hub snapshot, else the path the target was loaded from."""
+    return UPSTREAM_REPOS.get(os.path.basename(str(source))) or hub_repo_of(source) or str(source)
 

@@ -376,6 +376,49 @@ def test_sigterm_mid_stream_exits_0(server):
             assert not (ch.choices and ch.choices[0].finish_reason == "length")
 
 
+# ----------------------------------------------------------------------------- a hub id, a sliding-window target
+
+def test_hub_id_is_served_under_its_repo_id(tmp_path):
+    """`mlxspec serve --model org/name` (a cached hub snapshot, offline; a gemma3 model whose
+    4-token window the prompt overflows) lists and answers as "org/name", as mlx_lm.server
+    does, not as the snapshot's commit hash; greedy text equals `mlxspec generate`'s."""
+    import os
+
+    from tiny_targets import write_hub_repo
+
+    hf = tmp_path / "hf"
+    write_hub_repo(hf, "tiny-org/gemma3-tiny", "gemma3", seed=0)
+    env = dict(os.environ, HF_HOME=str(hf), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    prompt = "t1 t5 t9 t2 t7 t3 t8"
+    ref = subprocess.run([sys.executable, "-m", "mlxspec.cli", "generate", "--model", "tiny-org/gemma3-tiny",
+                          "--prompt", prompt, "--max-tokens", "12", "--ignore-chat-template", "--verbose", "False"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert ref.returncode == 0, ref.stderr
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mlxspec.cli", "serve", "--model", "tiny-org/gemma3-tiny",
+                             "--port", str(port), "--api-key", KEY], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.time() + 120
+        while True:
+            assert proc.poll() is None, proc.stderr.read()[-2000:]
+            try:
+                if _raw(port, "GET", "/health")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert time.time() < deadline, "server did not come up within 120 s"
+            time.sleep(0.3)
+        c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=60)
+        assert [m.id for m in c.models.list().data] == ["tiny-org/gemma3-tiny"]
+        r = c.completions.create(model="tiny-org/gemma3-tiny", prompt=prompt, max_tokens=12, temperature=0)
+        assert r.model == "tiny-org/gemma3-tiny"
+        assert r.choices[0].text == ref.stdout[:-1]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
 # ----------------------------------------------------------------------------- prompt cache (in process)
 
 def _filled(kind, n, seed, wrap=list):

@@ -328,6 +328,21 @@ def test_hub_ids_resolve_from_the_local_cache_offline(tmp_path):
     assert len(lines) == 1 and "tiny-org/not-there" in lines[0] and "HF_HUB_OFFLINE" in lines[0], missing.stderr
 
 
+def test_a_hub_snapshot_is_named_by_its_repo_id(tmp_path):
+    """Where a hub id resolved to (a snapshot directory named by its commit), the repo id is
+    the name drafter files and the server give the target; other paths keep theirs."""
+    from tiny_targets import hub_snapshot_dir
+
+    from mlxspec.cache import hub_repo_of, verifier_name
+
+    snap = hub_snapshot_dir(tmp_path / "hf", "mlx-community/Qwen3-8B-4bit")
+    assert hub_repo_of(snap) == hub_repo_of(snap / "model.safetensors") == "mlx-community/Qwen3-8B-4bit"
+    assert verifier_name(str(snap)) == "mlx-community/Qwen3-8B-4bit"
+    assert hub_repo_of(tmp_path / "models" / "qwen") is None
+    assert verifier_name(str(tmp_path / "qwen")) == str(tmp_path / "qwen")
+    assert verifier_name("/x/gemma-3-270m-q4_k_m.gguf") == "google/gemma-3-270m"
+
+
 def test_draft_auto_picks_the_registry_drafter_and_validates_it(tmp_path):
     """--draft auto on a hub target takes its most preferred drafter from
     mlxspec/data/registry.json (here DeepSpec's DSpark repo id for Qwen3-8B, holding a tiny

@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, StreamingRespon
 from starlette.routing import Route
 
 from mlxspec.args import check_blas
+from mlxspec.cache import hub_repo_of
 from mlxspec.errors import MlxspecError
 from mlxspec.server.worker import Job, Worker
 from mlxspec.tokenizer import apply_chat_template
@@ -522,7 +523,8 @@ def cmd_serve(a) -> int:
     worker = Worker(load_kw, a.prompt_cache_bytes, a.max_queue)
     worker.start()  # loads on the generation thread; MlxspecError -> one line, exit 2
     src = worker.target.info.source or a.model or "SmolLM2-135M-Instruct"
-    model_id = a.model_id or Path(str(src).rstrip("/")).stem
+    # as mlx_lm.server: a hub id is served under its repo id, not its snapshot's commit hash
+    model_id = a.model_id or hub_repo_of(src) or Path(str(src).rstrip("/")).stem
     server = Server(a, worker, model_id)
     app = build_app(server)
 

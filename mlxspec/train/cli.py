@@ -8,7 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from mlxspec.args import check_blas
-from mlxspec.cache import cache_dir
+from mlxspec.cache import cache_dir, hub_repo_of
 from mlxspec.errors import MlxspecError
 from mlxspec.evaluate import evaluate_drafter
 from mlxspec.targets.load import load_target
@@ -142,7 +142,8 @@ def cmd_train(a) -> int:
             sources.setdefault(k, []).append(g)
         budget = {k: v for k, v in budget.items() if k in sources} or {k: 50_000 for k in sources}
 
-    name = Path(target.info.source).stem
+    repo = hub_repo_of(target.info.source)  # a hub snapshot's directory name is its commit hash
+    name = repo.replace("/", "--") if repo else Path(target.info.source).stem
     data = Path(a.data) if a.data else (
         cache_dir() / "shards" / f"{name}-{a.data_mode}-L{a.seq_len}-t{'_'.join(map(str, taps))}")
     meta = {"taps": taps, "seq_len": a.seq_len, "budget": budget, "model": target.info.source,
