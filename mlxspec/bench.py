@@ -45,7 +45,7 @@ from tqdm import tqdm
 
 from mlxspec.api import Speculator, load_speculator, make_policy, shipped_drafter
 from mlxspec.blas import blas_status
-from mlxspec.cache import display_path
+from mlxspec.cache import display_path, hub_repo_of
 from mlxspec.drafters.load import load_drafter
 from mlxspec.drafters.model import DFlashModel
 from mlxspec.drafters.registry import candidates, model_name
@@ -318,7 +318,7 @@ def markdown(rows, meta, s, ms, context) -> str:
         "",
         f"Command: `{meta['command']}`",
         "",
-        f"Target `{Path(meta['model']).name}` (mlxspec: {meta['target_compute']}; mlx_lm: `{meta['mlx_lm_dir']}`). "
+        f"Target `{hub_repo_of(meta['model']) or Path(meta['model']).name}` (mlxspec: {meta['target_compute']}; mlx_lm: `{meta['mlx_lm_dir']}`). "
         f"Prompts: {', '.join(f'{c} {len(v)}' for c, v in meta['prompt_tokens'].items())}; "
         f"max {s['max_tokens']} tokens{' (EOS ignored)' if meta['ignore_eos'] else ', stop at EOS'}; "
         f"{s['repeats']} repeat(s); temps {', '.join(f'{t:g}' for t in temps)}; seed {s['seed']}.",
