@@ -132,13 +132,13 @@ def resolve_auto_draft(model: str | None, spec_type: str = "auto", *, ngram: boo
         ship = shipped_drafter("dspark")
         return (str(ship) if ship else None), spec_type
     entry = lookup(str(model))
-    if entry is None and spec_type == "auto":
-        fallback = "ngram" if ngram else "auto"
+    if entry is None:
+        if spec_type != "auto":  # a lineage was asked for: load_speculator says to pass --draft PATH
+            return None, spec_type
         print(f"mlxspec: --draft auto: {describe(str(model), ngram=ngram)}", file=log)
-        return None, fallback
-    if entry is not None:
-        print(f"mlxspec: --draft auto: {describe(str(model))}", file=log)
-    return (entry["path"] if entry else None), spec_type
+        return None, "ngram" if ngram else "auto"
+    print(f"mlxspec: --draft auto: {describe(str(model))}", file=log)
+    return entry["path"], spec_type
 
 
 def load_speculator(
