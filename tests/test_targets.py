@@ -346,7 +346,8 @@ def test_a_hub_snapshot_is_named_by_its_repo_id(tmp_path):
 def test_draft_auto_picks_the_registry_drafter_and_validates_it(tmp_path):
     """--draft auto on a hub target takes its most preferred drafter from
     mlxspec/data/registry.json (here DeepSpec's DSpark repo id for Qwen3-8B, holding a tiny
-    random DSpark drafter in the offline cache); the output is the target's; `inspect` shows
+    random DSpark drafter in the offline cache; the target 4-bit like mlx-community's); the
+    output is the target's; `inspect` shows
     the pairing and the other published drafter; a drafter that does not fit its target is
     refused in one line."""
     import test_engine as te
@@ -361,7 +362,8 @@ def test_draft_auto_picks_the_registry_drafter_and_validates_it(tmp_path):
     assert lookup("Qwen/Qwen3-14B")["drafter"] == "deepseek-ai/dspark_qwen3_14b_block7"
     assert lookup("someone/unknown-model") is None
     hf = tmp_path / "hf"
-    model, _ = write_hub_repo(hf, "mlx-community/Qwen3-8B-4bit", "qwen3")
+    model, _ = write_hub_repo(hf, "mlx-community/Qwen3-8B-4bit", "qwen3", bits=4)  # really 4-bit
+    assert isinstance(model.model.layers[0].self_attn.q_proj, nn.QuantizedLinear)
     info = Target(model, {"model_type": "qwen3"}).info
     m = te.random_drafter(info, block=4, anchor_first=True, markov_rank=4, confidence=True, taps=(0, 2), heads=4,
                           kv_heads=2, head_dim=8, mask=63)

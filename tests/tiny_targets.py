@@ -81,15 +81,21 @@ def tokenizer_json(n: int) -> dict:
             "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}}
 
 
-def write_tiny_dir(path, arch: str, seed: int = 0, vocab: int = 64, **kw):
+def write_tiny_dir(path, arch: str, seed: int = 0, vocab: int = 64, bits: int | None = None, **kw):
     """An MLX model directory of the tiny `arch` model (mlx-lm's own save_model/save_config),
-    with a word-level tokenizer.json: what `mlx_lm.load` and `mlxspec --model` read."""
+    with a word-level tokenizer.json: what `mlx_lm.load` and `mlxspec --model` read. bits:
+    quantized as mlx_lm.convert -q does (nn.quantize, group size 32, `quantization` in the
+    config), like the mlx-community/*-4bit repos."""
     import json
     from pathlib import Path
 
+    import mlx.nn as nn
     from mlx_lm.utils import save_config, save_model
 
     m, cfg = tiny_model(arch, seed, vocab, **kw)
+    if bits is not None:
+        nn.quantize(m, group_size=32, bits=bits)
+        cfg = dict(cfg, quantization={"group_size": 32, "bits": bits})
     p = Path(path)
     p.mkdir(parents=True, exist_ok=True)
     save_model(p, m)
