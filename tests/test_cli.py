@@ -269,6 +269,15 @@ def test_missing_file():
                          "or an MLX/HF model directory")
 
 
+@pytest.mark.parametrize("flag, value", [("--model", ""), ("--draft", " ")])
+def test_empty_model_or_draft(flag, value):
+    """An empty --model would resolve to the working directory: refused where it enters."""
+    r = run("generate", flag, value, "--prompt", "hi")
+    tail = ", or leave it out for the default model" if flag == "--model" else ", 'auto' or 'none'"
+    assert_user_error(r, f"mlxspec: error: {flag} is empty: pass a .gguf file, a directory or a Hugging Face "
+                         f"repo id{tail}")
+
+
 def test_inspect_missing_path():
     r = run("inspect", "/nonexistent/model.gguf")
     assert_user_error(r, "mlxspec: error: /nonexistent/model.gguf: no such file or directory; pass a .gguf file "
