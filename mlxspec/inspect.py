@@ -44,7 +44,9 @@ def inspect_path(path: str | os.PathLike) -> str:
     takes: a packaged short name (gemma3-270m, ...: its cached GGUF, fetched on first use) or a
     Hugging Face repo id (its cached/downloaded snapshot)."""
     shown = str(path)
-    p = Path(resolve_model_path(str(path)))
+    if not shown.strip():
+        raise MlxspecError("the path is empty: pass a .gguf file, a model/drafter directory or a Hugging Face repo id")
+    p = Path(resolve_model_path(shown))
     if not p.exists():
         raise MlxspecError(f"{path}: no such file or directory; pass a .gguf file or a model/drafter directory")
     report = _inspect_dir(p) if p.is_dir() else _inspect_gguf(p)

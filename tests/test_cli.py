@@ -278,6 +278,11 @@ def test_empty_model_or_draft(flag, value):
                          f"repo id{tail}")
 
 
+def test_inspect_empty_path():
+    assert_user_error(run("inspect", ""), "mlxspec: error: the path is empty: pass a .gguf file, a model/drafter "
+                                          "directory or a Hugging Face repo id")
+
+
 def test_inspect_missing_path():
     r = run("inspect", "/nonexistent/model.gguf")
     assert_user_error(r, "mlxspec: error: /nonexistent/model.gguf: no such file or directory; pass a .gguf file "
