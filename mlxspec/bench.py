@@ -136,7 +136,8 @@ def settings(a) -> dict:
         drafts = [e["path"] for e in candidates(a.model) if e["drafter"].startswith("shipped:")]
         if not drafts:
             raise MlxspecError(f"--model {a.model}: mlxspec ships no drafter for {model_name(a.model)}; "
-                               "pass --draft PATH (or --draft none for the autoregressive rows only)")
+                               "pass --draft PATH (or --draft none: the autoregressive and prompt-lookup rows, "
+                               "what generate runs for it by default)")
     else:
         drafts = [d for d in a.draft if d.lower() != "none"]
     for d in drafts + ([a.draft_simple] if a.draft_simple else []):
