@@ -107,10 +107,8 @@ def load(
     for name, v in (("model", model), ("draft", draft)):
         if v is not None and not isinstance(v, (str, os.PathLike)):
             raise MlxspecError(f"{name}={v!r}: pass a path (or a Hugging Face repo id) as a string, or None")
-        if v is not None and not str(v).strip():
-            raise MlxspecError(f"--{name} is empty: pass a .gguf file, a directory or a Hugging Face repo id"
-                               + (", or leave it out for the default model" if name == "model" else
-                                  ", 'auto' or 'none'"))
+    if draft is not None and not str(draft).strip():  # (an empty --model: load_target's resolver)
+        raise MlxspecError("--draft is empty: pass a .gguf file, a directory or a Hugging Face repo id, 'auto' or 'none'")
     target, tok = load_target(model)
     if draft == "auto":
         draft, spec_type = resolve_auto_draft(model, spec_type, ngram=ngram, log=log)

@@ -269,10 +269,16 @@ def test_missing_file():
                          "or an MLX/HF model directory")
 
 
-@pytest.mark.parametrize("flag, value", [("--model", ""), ("--draft", " ")])
-def test_empty_model_or_draft(flag, value):
-    """An empty --model would resolve to the working directory: refused where it enters."""
-    r = run("generate", flag, value, "--prompt", "hi")
+@pytest.mark.parametrize("cmd, flag, value", [
+    ("generate", "--model", ""), ("generate", "--draft", " "),
+    ("bench", "--model", ""), ("convert", "--model", " "), ("train", "--model", ""),
+])
+def test_empty_model_or_draft(cmd, flag, value, tmp_path):
+    """An empty --model would resolve to the working directory: refused where it enters (the
+    one resolver every command's --model goes through)."""
+    extra = {"generate": ["--prompt", "hi"], "bench": ["--draft", "none", "--quick"],
+             "convert": ["--out", tmp_path / "o"], "train": ["--out", tmp_path / "o", "--prepare-only"]}[cmd]
+    r = run(cmd, flag, value, *extra)
     tail = ", or leave it out for the default model" if flag == "--model" else ", 'auto' or 'none'"
     assert_user_error(r, f"mlxspec: error: {flag} is empty: pass a .gguf file, a directory or a Hugging Face "
                          f"repo id{tail}")

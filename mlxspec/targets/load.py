@@ -36,6 +36,9 @@ def resolve_model_path(path: str | None) -> str:
     snapshot (like mlx_lm)."""
     if path is None:
         return str(default_model_path())
+    if not str(path).strip():  # Path("") is the working directory
+        raise MlxspecError("--model is empty: pass a .gguf file, a directory or a Hugging Face repo id, "
+                           "or leave it out for the default model")
     if str(path) in PACKAGED_MODELS and not Path(path).exists():
         return str(packaged_model_path(str(path)))
 
