@@ -30,7 +30,7 @@ from mlxspec.engine.verify import SamplingParams
 from mlxspec.errors import MlxspecError
 from mlxspec.targets.load import load_target
 from mlxspec.targets.model import Target
-from mlxspec.validate import check_prompt_ids, check_sampling_args, check_spec_args
+from mlxspec.validate import check_prompt_ids, check_sampling_args, check_spec_args, check_text
 
 SPEC_TYPES = ("auto", "draft-dflash", "draft-dspark", "draft-simple", "ngram", "none")
 VERIFY_POLICIES = ("adaptive", "fixed")
@@ -268,6 +268,10 @@ def stream_generate(
     check_sampling_args(max_tokens, temp, top_p, top_k, seed)
     if stop is not None and (isinstance(stop, str) or not all(isinstance(x, str) for x in stop)):
         raise MlxspecError(f"stop {stop!r}: pass a list of strings")
+    for s in stop or []:
+        check_text("stop", s)
+    if isinstance(prompt, str):
+        check_text("prompt", prompt)
     target = as_target(model)
     spec = speculator or Speculator()
     ids = encode_prompt(tokenizer, prompt) if isinstance(prompt, str) else list(prompt)

