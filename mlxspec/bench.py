@@ -57,6 +57,7 @@ from mlxspec.errors import MlxspecError
 from mlxspec.prompts import encode_prompt, load_prompts
 from mlxspec.targets.convert import cached_mlx_copy
 from mlxspec.targets.load import default_dense, load_target, resolve_model_path
+from mlxspec.validate import check_output_dir, writing
 
 FULL = dict(prompts_per_category=4, max_tokens=96, repeats=2, temps="0,1")
 QUICK = dict(prompts_per_category=1, max_tokens=32, repeats=1, temps="0")
@@ -151,8 +152,8 @@ def settings(a) -> dict:
             raise MlxspecError(f"--policies: unknown verify policy {x!r}; use fixed and/or adaptive")
     s["ngram"] = not a.no_ngram
     s["random"] = not a.no_random
-    if a.out and Path(a.out).exists() and not Path(a.out).is_dir():
-        raise MlxspecError(f"--out {a.out}: exists and is not a directory; pass a directory")
+    if a.out is not None:
+        check_output_dir("--out", a.out)  # before minutes of benchmarking
     return s
 
 
@@ -527,14 +528,15 @@ def cmd_bench(a) -> int:
     print(markdown(rows, meta, s, ms, context))
     if a.out:
         out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
         doc = {
             "meta": meta,
             "configurations": [{k: v for k, v in c.items()} for c in order],
             "verify_cost": {"context": context, "forward_ms": ms, "repeats": 7},
             "results": rows,
         }
-        (out / "bench.json").write_text(json.dumps(doc, indent=2))
-        plots = write_plots(rows, out)
+        with writing("--out", out):
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "bench.json").write_text(json.dumps(doc, indent=2))
+            plots = write_plots(rows, out)
         print(f"bench: wrote {out / 'bench.json'}" + (f" and {', '.join(plots)}" if plots else ""), file=sys.stderr)
     return 0

@@ -25,7 +25,7 @@ from mlxspec.drafters.model import DFlashModel
 from mlxspec.errors import MlxspecError
 from mlxspec.hub import resolve
 from mlxspec.targets.model import TargetInfo
-from mlxspec.validate import MAX_BLOCK, check_finite_weights
+from mlxspec.validate import MAX_BLOCK, check_finite_weights, check_output_dir, check_output_file, writing
 
 REQUESTED = ("auto", "draft-dflash", "draft-dspark")
 
@@ -257,4 +257,9 @@ def save_drafter(model: DFlashModel, cfg: DrafterConfig, path, fmt: str, target=
     options: `doubled_prefix=True` for gguf-dspark-legacy (`dspark.dspark.*` keys)."""
     if fmt not in FORMATS:
         raise MlxspecError(f"unknown drafter format {fmt!r}; use one of: {', '.join(FORMATS)}")
-    FORMATS[fmt].write(model, cfg, os.fspath(path), target=target, **options)
+    path = os.fspath(path)
+    gguf_file = FORMATS[fmt].container == "gguf"
+    (check_output_file if gguf_file else check_output_dir)("drafter output", path)
+    with writing("drafter output", path):  # no space left, read-only, ...: one line
+        os.makedirs((os.path.dirname(path) or ".") if gguf_file else path, exist_ok=True)
+        FORMATS[fmt].write(model, cfg, path, target=target, **options)

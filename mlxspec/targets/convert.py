@@ -23,15 +23,14 @@ from mlxspec.cache import cache_dir
 from mlxspec.errors import MlxspecError
 from mlxspec.targets.load import load_target, resolve_model_path
 from mlxspec.targets.model import dequantize_model
+from mlxspec.validate import check_free_space, check_output_dir, writing
 
 
 def convert_to_mlx(model_path: str | None, out: str, dtype: str = "keep", force: bool = False) -> Path:
     """force: write into a non-empty `out` (mlxspec's files in it are replaced; others are kept).
     Files are written to a temporary directory inside `out` and renamed into place, so a failed
     run leaves no half-written file and a symlink in `out` is replaced, never written through."""
-    out_p = Path(out)
-    if out_p.exists() and not out_p.is_dir():
-        raise MlxspecError(f"--out {out}: exists and is not a directory; pass a new directory")
+    out_p = check_output_dir("--out", out)  # before minutes of loading: a file, /dev/null/x, read-only
     if out_p.is_dir() and any(out_p.iterdir()) and not force:
         raise MlxspecError(f"--out {out}: the directory is not empty; pass a new directory, or --force to replace "
                            "mlxspec's files in it")
@@ -65,14 +64,17 @@ def convert_to_mlx(model_path: str | None, out: str, dtype: str = "keep", force:
             common = max(({"group_size": v["group_size"], "bits": v["bits"]} for v in q.values()),
                          key=lambda d: sum(1 for v in q.values() if v == d))
             cfg["quantization"] = {**common, **{k: v for k, v in q.items() if v != common}}
-    out_p.mkdir(parents=True, exist_ok=True)
-    final, out_p = out_p, Path(tempfile.mkdtemp(prefix=".mlxspec-convert-", dir=out_p))
-    try:
-        _write_mlx_dir(out_p, tok, model, cfg)
-        for f in sorted(out_p.iterdir()):
-            os.replace(f, final / f.name)  # atomic; replaces a symlink instead of following it
-    finally:
-        shutil.rmtree(out_p, ignore_errors=True)
+    need = sum(v.nbytes for _, v in tree_flatten(model.parameters())) + (16 << 20)  # + tokenizer, configs
+    check_free_space("--out", out, need)
+    with writing("--out", out):  # no space left, read-only, ... while writing: one line
+        out_p.mkdir(parents=True, exist_ok=True)
+        final, out_p = out_p, Path(tempfile.mkdtemp(prefix=".mlxspec-convert-", dir=out_p))
+        try:
+            _write_mlx_dir(out_p, tok, model, cfg)
+            for f in sorted(out_p.iterdir()):
+                os.replace(f, final / f.name)  # atomic; replaces a symlink instead of following it
+        finally:
+            shutil.rmtree(out_p, ignore_errors=True)
     return final
 
 
