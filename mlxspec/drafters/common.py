@@ -13,7 +13,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from mlxspec.drafters.config import DrafterSpec
-from mlxspec.drafters.model import DFlashModel
+from mlxspec.drafters.model import DFlashModel, make_model
 from mlxspec.errors import MlxspecError
 
 # Tensors a file may omit: a bias-free confidence head is a zero bias (llama.cpp marks
@@ -68,6 +68,10 @@ def feature_of(model_name: str) -> str:
         return "drafter's own LM head"
     if model_name in ("d2t", "t2d"):
         return "reduced draft vocabulary"
+    if model_name.startswith("candidate_selector."):
+        return "DFlash 2 path selector"
+    if re.fullmatch(r"layers\.\d+\.(attention|mlp)_conv\..*", model_name):
+        return "DFlash 2 convolutions"
     if re.fullmatch(r"layers\.\d+\.self_attn\.[qkvo]_proj\.bias", model_name):
         return "attention biases (unsupported)"
     if re.fullmatch(r"layers\.\d+\..*", model_name) or model_name.split(".")[0] in ("fc", "hidden_norm", "norm"):
@@ -78,8 +82,10 @@ def feature_of(model_name: str) -> str:
 def guess_feature(file_name: str) -> str:
     """Feature of a tensor name no format map knows."""
     n = file_name.lower()
-    if "selector" in n or "codebook" in n or "conv" in n:
-        return "DFlash2 selector (unsupported)"
+    if "selector" in n or "codebook" in n:
+        return "DFlash 2 path selector"
+    if "conv" in n:
+        return "DFlash 2 convolutions"
     if "hc_" in n or "exps" in n or "shexp" in n or "attn_sinks" in n:
         return "DeepSeek-V4 backbone (unsupported)"
     if "log_snr" in n:
@@ -93,7 +99,7 @@ def guess_feature(file_name: str) -> str:
 
 def expected_shapes(cfg: DrafterSpec) -> dict:
     """DFlashModel parameter name -> shape for this config (lazy: nothing is allocated)."""
-    return {k: tuple(v.shape) for k, v in tree_flatten(DFlashModel(cfg).parameters())}
+    return {k: tuple(v.shape) for k, v in tree_flatten(make_model(cfg).parameters())}
 
 
 def _name_order(name: str):

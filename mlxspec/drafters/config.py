@@ -39,6 +39,17 @@ class DrafterSpec:
     min_log_snr: float = -9.0
     max_log_snr: float = 9.0
     draft_vocab_size: int | None = None  # reduced draft vocabulary (d2t) when set
+    # DFlash 2 (Inco AI / z-lab): two-tap dynamic convs around each sublayer and a path
+    # selector over the top-k candidates of each row (mlxspec/drafters/dflash2.py)
+    conv_kernel_size: int = 0  # taps of the dynamic convs (0: no convs)
+    conv_group_size: int = 0  # channels sharing one dynamic coefficient
+    selector_rank: int = 0  # codebook rank (0: no selector)
+    selector_top_k: int = 0  # candidates per row
+    output_multiplier: float = 1.0  # logits * this, then the softcap
+    final_logit_softcapping: float | None = None  # tanh(z / cap) * cap when set
+    layer_types: tuple | None = None  # per layer "full_attention" | "sliding_attention"; None: all full
+    sliding_window: int | None = None  # sliding layers see context keys k with q - k < window
+    block_causal: bool | None = False  # block rows see only earlier block rows; None (z-lab, is_causal absent): in sliding layers
     has_embed: bool = False  # file carries its own embed_tokens
     has_lm_head: bool = False  # file carries its own lm_head
     source_format: str = ""  # provenance: which format
@@ -46,8 +57,17 @@ class DrafterSpec:
 
     @property
     def lineage(self) -> str:
-        """DSpark iff a Markov head is present (the on-disk marker of the lineage)."""
+        """From the parameters: DFlash 2 iff a path selector (its codebooks and convs are the
+        on-disk markers), else DSpark iff a Markov head, else DFlash."""
+        if self.selector_rank > 0:
+            return "dflash2"
         return "dspark" if self.markov_rank > 0 else "dflash"
+
+    def is_sliding(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
+
+    def is_causal(self, layer: int) -> bool:
+        return self.is_sliding(layer) if self.block_causal is None else bool(self.block_causal)
 
     def to_dict(self) -> dict:
         return asdict(self)

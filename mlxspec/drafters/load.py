@@ -5,7 +5,8 @@ The format readers (`mlxspec.drafters.formats`) return a `RawDrafter`: a `Drafte
 (everything but the layout), the tensors under DFlashModel's names, and what the file
 says about `sample_from_anchor`. This module decides the layout (`resolve_layout`, the
 only place that does) and builds the `DrafterConfig`; the lineage is DSpark iff a Markov
-head is present; a requested type that disagrees only produces a warning.
+head is present, DFlash 2 iff a path selector (codebooks) and convs; a requested type
+that disagrees only produces a warning.
 """
 
 from __future__ import annotations
@@ -21,13 +22,13 @@ import numpy as np
 from mlxspec.drafters.common import OPTIONAL_ZERO, RawDrafter, expected_shapes
 from mlxspec.drafters.config import DrafterConfig
 from mlxspec.drafters.formats import FORMATS, read_drafter
-from mlxspec.drafters.model import DFlashModel
+from mlxspec.drafters.model import DFlashModel, make_model
 from mlxspec.errors import MlxspecError
 from mlxspec.hub import resolve
 from mlxspec.targets.model import TargetInfo
 from mlxspec.validate import MAX_BLOCK, check_finite_weights, check_output_dir, check_output_file, writing
 
-REQUESTED = ("auto", "draft-dflash", "draft-dspark")
+REQUESTED = ("auto", "draft-dflash", "draft-dspark", "draft-dflash2")
 
 
 # ----------------------------------------------------------------------------- layout
@@ -96,13 +97,21 @@ def mismatch_warning(path: str, cfg: DrafterConfig, requested: str) -> str | Non
     if requested == "auto" or requested == f"draft-{cfg.lineage}":
         return None
     sfa = "true" if cfg.sample_from_anchor else "false"
-    if cfg.lineage == "dspark":
+    if cfg.lineage == "dflash2":
+        what = (f"a DFlash 2 drafter (path selector top-{cfg.selector_top_k}, rank {cfg.selector_rank}; "
+                "dynamic convolutions)")
+        drop = f"the {requested} path would drop the convolutions and the path selector"
+    elif requested == "draft-dflash2":
+        what = ("a DSpark drafter (Markov head, rank {})".format(cfg.markov_rank) if cfg.lineage == "dspark"
+                else "a DFlash drafter (no Markov head)")
+        drop = "the dflash2 path would look for convolutions and a path selector the file does not have"
+    elif cfg.lineage == "dspark":
         what = f"a DSpark drafter (Markov head, rank {cfg.markov_rank})"
         drop = "the dflash path would drop the Markov head and confidence truncation"
     else:
         what = "a DFlash drafter (no Markov head)"
         drop = "the dspark path would look for a Markov head and confidence head the file does not have"
-    # the requested type's own convention: dflash path bonus-anchor, dspark path anchor-first
+    # the requested type's own convention: dflash / dflash2 paths bonus-anchor, dspark path anchor-first
     wrong_sfa = requested == "draft-dspark"
     if wrong_sfa != cfg.sample_from_anchor:
         late = "late" if cfg.sample_from_anchor else "early"
@@ -117,7 +126,7 @@ def mismatch_warning(path: str, cfg: DrafterConfig, requested: str) -> str | Non
 
 
 def build_model(raw: RawDrafter, cfg: DrafterConfig) -> DFlashModel:
-    model = DFlashModel(cfg)
+    model = make_model(cfg)
     want = expected_shapes(cfg)
     weights = dict(raw.weights)
     for name in OPTIONAL_ZERO:
@@ -194,6 +203,8 @@ def check_drafter(raw: RawDrafter, cfg: DrafterConfig) -> None:
     if cfg.num_attention_heads % cfg.num_key_value_heads:
         raise MlxspecError(f"{path}: {cfg.num_attention_heads} attention heads are not a multiple of "
                            f"{cfg.num_key_value_heads} key/value heads; the drafter config is corrupt")
+    if cfg.lineage == "dflash2":
+        check_dflash2(cfg, path)
     check_finite_weights({k: v for k, v in raw.weights.items() if k != "d2t"}, path)
     d2t = raw.weights.get("d2t")
     if d2t is not None:
@@ -203,10 +214,38 @@ def check_drafter(raw: RawDrafter, cfg: DrafterConfig) -> None:
                                f"the vocabulary [0, {cfg.vocab_size}); the drafter weights are corrupt")
 
 
+def check_dflash2(cfg: DrafterConfig, path: str) -> None:
+    """What a DFlash 2 drafter needs beyond the backbone (every format)."""
+    def bad(what):
+        raise MlxspecError(f"{path}: DFlash 2 {what}; the drafter config is corrupt")
+    if cfg.markov_rank or cfg.confidence_head or cfg.log_snr or cfg.draft_vocab_size:
+        bad("drafters carry no Markov head, confidence head, log-SNR or reduced vocabulary, but this one does")
+    if cfg.sample_from_anchor:
+        bad("drafters are bonus-anchor (sample_from_anchor=false)")
+    if not 1 <= cfg.selector_top_k <= cfg.vocab_size:
+        bad(f"selector_top_k {cfg.selector_top_k} must be in 1..{cfg.vocab_size} (the vocabulary)")
+    if cfg.conv_kernel_size < 1 or cfg.conv_group_size < 1 or cfg.hidden_size % cfg.conv_group_size:
+        bad(f"conv_kernel_size {cfg.conv_kernel_size} and conv_group_size {cfg.conv_group_size} must be positive, "
+            f"the group size dividing hidden_size {cfg.hidden_size}")
+    lt = cfg.layer_types or ()
+    if lt and len(lt) != cfg.num_hidden_layers:
+        bad(f"layer_types has {len(lt)} entries for {cfg.num_hidden_layers} layers")
+    if "sliding_attention" in lt and not (cfg.sliding_window or 0) >= 1:
+        bad(f"sliding_attention layers need a sliding_window >= 1, got {cfg.sliding_window!r}")
+    if cfg.final_logit_softcapping is not None and not cfg.final_logit_softcapping > 0:
+        bad(f"final_logit_softcapping {cfg.final_logit_softcapping} must be > 0")
+    if not (math.isfinite(cfg.output_multiplier) and cfg.output_multiplier > 0):
+        bad(f"output_multiplier {cfg.output_multiplier} must be a finite number > 0")
+
+
 # ----------------------------------------------------------------------------- entry points
 
 def init_line(cfg: DrafterConfig, layout_from: str) -> str:
     markov = f"{cfg.markov_head_type}/r{cfg.markov_rank}" if cfg.markov_rank else "none"
+    if cfg.lineage == "dflash2":
+        window = cfg.sliding_window if "sliding_attention" in (cfg.layer_types or ()) else "none"
+        markov += (f" selector=top{cfg.selector_top_k}/r{cfg.selector_rank} "
+                   f"conv={cfg.conv_kernel_size}x{cfg.conv_group_size} window={window}")
     return (
         f"mlxspec: drafter lineage={cfg.lineage} sample_from_anchor={'true' if cfg.sample_from_anchor else 'false'} "
         f"block_size={cfg.block_size} taps={','.join(str(t) for t in cfg.target_layer_ids)} "

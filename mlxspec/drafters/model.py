@@ -243,3 +243,12 @@ class DFlashModel(nn.Module):
         for layer, (k, v) in zip(self.layers, layer_kv):
             h = layer(h, block_pos, k, v, mask)
         return self.norm(h)
+
+
+def make_model(c: DrafterConfig) -> DFlashModel:
+    """The module for a config: DFlash2Model for the dflash2 lineage, else DFlashModel."""
+    if c.lineage == "dflash2":
+        from mlxspec.drafters.dflash2 import DFlash2Model
+
+        return DFlash2Model(c)
+    return DFlashModel(c)

@@ -8,8 +8,8 @@ The decode loop (`engine.py`) only sees this protocol:
     draft(anchor, n, sp, rng) -> DraftOutput
     accept(tokens, taps)      the committed rows (anchor + accepted drafts) and their taps
 
-Implementations: `BlockDrafter` (DFlash and DSpark: one forward drafts the block, plus
-the Markov chain for DSpark), `SimpleDrafter` (a classic small draft model), and
+Implementations: `BlockDrafter` (DFlash, DSpark and DFlash 2: one forward drafts the block,
+plus the Markov chain for DSpark and the path selector's chain for DFlash 2), `SimpleDrafter` (a classic small draft model), and
 `NoDrafter` (autoregressive).
 """
 
@@ -99,6 +99,7 @@ class BlockDrafter:
         else:
             self.head = target_head_rows(target, self.d2t)
         self.embed = model.embed_tokens if c.has_embed else target.embed
+        self.selector = getattr(model, "candidate_selector", None)
         mx.eval(self.head)
         self.reset()
 
@@ -178,6 +179,8 @@ class BlockDrafter:
         toks = mx.array([[anchor] + [self.cfg.mask_token_id] * (n_rows - 1)])
         emb = self.embed(toks).astype(self.head.dtype)
         pos = mx.arange(p, p + n_rows)[None]
+        if self.selector is not None:  # DFlash 2: sliding windows from the anchor's position
+            return self.model.hidden(emb, pos, self.ctx_kv, anchor_pos=p)[0]
         return self.model.hidden(emb, pos, self.ctx_kv)[0]  # [n_rows, H]
 
     def base_logits(self, anchor: int, n: int) -> tuple[mx.array, mx.array]:
@@ -187,6 +190,8 @@ class BlockDrafter:
         The whole block is always run and the rows past n dropped: block rows attend to
         each other (no mask), so a shorter block would change every row's prediction."""
         h = self.block_hidden(anchor, self.block_size)[self.first_row : self.first_row + n]
+        if self.selector is not None:  # DFlash 2: output multiplier and softcap
+            return h, self.model.logits(h, self.head)
         return h, h @ self.head.T
 
     def to_target(self, draft_ids: mx.array) -> mx.array:
@@ -197,6 +202,8 @@ class BlockDrafter:
         if n <= 0:
             return DraftOutput([], None, None)
         h, base = self.base_logits(anchor, n)
+        if self.selector is not None:
+            return self._selector_chain(anchor, h, base, sp, rng)
         mh = getattr(self.model, "markov_head", None)
         ch = getattr(self.model, "confidence_head", None)
         if mh is None:
@@ -213,6 +220,27 @@ class BlockDrafter:
             conf = None if ch is None else ch(h).tolist()  # p_min / scheduler apply when sampling too
             return DraftOutput(tgt, self._scatter(q_d), conf, base)
         return self._markov_chain(anchor, h, base, mh, ch, sp, rng)
+
+    def _selector_chain(self, anchor, h, base, sp, rng):
+        """DFlash 2: the chain through each row's top-k candidates (`kernels.selector_chain`),
+        starting from the anchor; greedy takes each row's best score.
+
+        Sampling: the draft distribution of row t is softmax(score_t / T) over its k candidates
+        and zero elsewhere (z-lab's; temperature only, no top-k / top-p), sampled by Gumbel-max
+        with a key drawn from `rng`; verification receives exactly that q, so rejection
+        sampling stays lossless whatever the target's own top-k / top-p."""
+        ids, unary, hp = self.model.selector_inputs(h, base)
+        cs = self.selector
+        temp = 0.0 if sp.greedy else float(sp.temperature)
+        key = None if sp.greedy else int(rng.integers(0, 1 << 62))
+        tokens, _, scores = kernels.selector_chain(unary, ids, hp, cs.predecessor_codebook, cs.successor_codebook,
+                                                   int(anchor), temp, key)
+        q = None
+        if not sp.greedy:
+            qk = mx.softmax(scores / temp, axis=-1)
+            q = mx.put_along_axis(mx.zeros(base.shape, dtype=mx.float32), ids, qk, axis=-1)
+        mx.eval(tokens, *([q] if q is not None else []))
+        return DraftOutput(tokens.tolist(), q, None, base)
 
     def _markov_chain(self, anchor, h, base, mh, ch, sp, rng):
         """DSpark: z_k = base_k + W2 . W1[x_{k-1}], x_{-1} = anchor; left to right, each

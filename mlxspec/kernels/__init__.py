@@ -4,6 +4,7 @@
     kernels.backend()                      # "metal" | "cuda" | "reference"
     y = kernels.lowbit_matmul(x, w_raw, type_id, (N, K))
     tokens, probs = kernels.markov_chain(base_logits, w1, w2, anchor, temperature, key)
+    tokens, picks, scores = kernels.selector_chain(unary, ids, hp, pred, succ, anchor, temperature, key)
     kernels.use_reference()                # or MLXSPEC_KERNELS=reference
 
 See mlxspec/kernels/README.md for the kernels, tolerances and the emulator used in tests.
@@ -23,10 +24,11 @@ from mlxspec.kernels._launch import (
 )
 from mlxspec.kernels.lowbit import lowbit_matmul_kernel, lowbit_matmul_reference
 from mlxspec.kernels.markov import markov_chain_kernel, markov_chain_reference
+from mlxspec.kernels.selector import select_chain, select_chain_kernel
 
 __all__ = [
     "ENV_VAR", "KernelSpec", "Launch", "backend", "use_reference", "lowbit_matmul", "markov_chain",
-    "lowbit_matmul_reference", "markov_chain_reference",
+    "lowbit_matmul_reference", "markov_chain_reference", "selector_chain", "select_chain",
 ]
 
 
@@ -52,3 +54,16 @@ def markov_chain(base_logits: mx.array, w1: mx.array, w2: mx.array, anchor, temp
     if impl == "reference":
         return markov_chain_reference(base_logits, w1, w2, anchor, temperature, key)
     return markov_chain_kernel(base_logits, w1, w2, anchor, temperature, key, runner(impl))
+
+
+def selector_chain(unary: mx.array, ids: mx.array, hp: mx.array, pred: mx.array, succ: mx.array, anchor,
+                   temperature: float = 0.0, key=None) -> tuple[mx.array, mx.array, mx.array]:
+    """DFlash 2's path selector over a block: tokens int32 [n], picks int32 [n] (candidate slots)
+    and scores float32 [n, k] (see mlxspec/kernels/selector.py).
+
+    score_t = unary[t] + (S[ids[t]] * hp[t]) @ P[x_{t-1}] (x_{-1} = anchor); the pick is the argmax,
+    or a Gumbel-max sample of softmax(score_t / T) with noise derived from `key`."""
+    impl = backend()
+    if impl == "reference" or unary.shape[-1] > 32:
+        return select_chain(unary, ids, hp, pred, succ, anchor, temperature, key)
+    return select_chain_kernel(unary, ids, hp, pred, succ, anchor, temperature, key, runner(impl))

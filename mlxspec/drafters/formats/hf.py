@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 from typing import Callable
 
 import mlx.core as mx
@@ -109,17 +110,18 @@ def need(c: dict, key: str, where: str, path: str):
     return c[key]
 
 
-def backbone(c: dict, path: str) -> dict:
-    """Qwen3 dimensions from a (possibly diff-serialised) config dict."""
+def backbone(c: dict, path: str, dflash2: bool = False) -> dict:
+    """Qwen3 dimensions from a (possibly diff-serialised) config dict. dflash2: sliding layers
+    and causal blocks are allowed (the DFlash 2 reader reads them)."""
     if not isinstance(c, dict):
         raise MlxspecError(f"{path}: transformer_layer_config is {type(c).__name__}, expected an object; {FIX}")
     layer_types = c.get("layer_types") or []
-    if "sliding_attention" in layer_types:
+    if "sliding_attention" in layer_types and not dflash2:
         raise MlxspecError(
             f"{path}: sliding-window draft attention (layer_types {sorted(set(layer_types))}) is not "
             "supported; use a drafter with full attention"
         )
-    if c.get("is_causal"):
+    if c.get("is_causal") and not dflash2:
         raise MlxspecError(f"{path}: causal block attention (is_causal: true) is not supported; DFlash blocks are non-causal")
     merged = {**{k: v for k, v in QWEN3_DEFAULTS.items() if v is not None}, **{k: v for k, v in c.items() if v is not None}}
 
@@ -187,13 +189,13 @@ def hf_rules(fmt: str, from_tensors: bool, reduced_vocab: bool) -> FeatureRules:
 
 
 def read_dir(path: str, config: dict, fmt: str, header: Callable, rules: FeatureRules,
-             extra_claimed: Callable | None = None) -> RawDrafter:
+             extra_claimed: Callable | None = None, header_shapes: bool = False) -> RawDrafter:
     """The shared HF reader. header(config, path) -> (spec fields: dims, rope, block, taps,
-    mask; layout key; its value or None; extra); extra_claimed(fields, shapes) -> tensors the
-    format claims outside DFlashModel."""
+    mask; layout key; its value or None; extra), called as header(config, path, shapes) with
+    header_shapes; extra_claimed(fields, shapes) -> tensors the format claims outside DFlashModel."""
     tensors = read_tensors(path)
     shapes = {k: tuple(v.shape) for k, v in tensors.items()}
-    fields, layout_key, layout_value, extra = header(config, path)
+    fields, layout_key, layout_value, extra = header(config, path, shapes) if header_shapes else header(config, path)
     features, notes = infer_features(lambda k: (k, config[k]) if k in config else None, shapes,
                                      fields["hidden_size"], rules, path)
     min_snr = V.get_float(config, "min_log_snr", path, default=-9.0, fix=FIX)
@@ -226,6 +228,12 @@ def refuse(path: str, fmt: str, what: str, use: str) -> None:
 def refuse_log_snr(cfg: DrafterConfig, path: str, fmt: str) -> None:
     if cfg.log_snr:
         refuse(path, fmt, "log-SNR conditioning (no public loader of it reads those tensors)", "gguf")
+
+
+def dflash2_markers(shapes) -> list[str]:
+    """The tensors only a DFlash 2 drafter has: path selector and dynamic convolutions."""
+    return [n for n in shapes
+            if n.startswith("candidate_selector.") or re.fullmatch(r"layers\.\d+\.(attention|mlp)_conv\..+", n)]
 
 
 def backbone_config(cfg: DrafterConfig) -> dict:

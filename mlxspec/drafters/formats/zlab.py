@@ -1,13 +1,21 @@
-"""z-lab DFlash directories: `dflash_config` (or a DFlash architecture) in config.json.
+"""z-lab DFlash and DFlash 2 directories: `dflash_config` (or a DFlash architecture) in config.json.
 
 Taps, mask and block size in `dflash_config` (older files: top level); the layout key, if
 any, is `dflash_config.sample_from_anchor` (absent: bonus-anchor, see `resolve_layout`).
-Bonus-anchor DFlash only: no DSpark heads, log-SNR or reduced vocabulary.
+Bonus-anchor only: no DSpark heads, log-SNR or reduced vocabulary.
+
+DFlash 2 (`DFlash2DraftModel`): `dflash_config` adds conv_kernel_size, conv_group_size,
+selector_rank, selector_top_k, output_multiplier and final_logit_softcapping; top level
+`layer_types`, `sliding_window`, `is_causal` (absent: z-lab's port makes sliding layers causal)
+and transformers-5 `rope_parameters`. The lineage is read from the tensors: the selector
+codebooks and convs are DFlash 2's, and a file carrying them under a DFlash config is refused
+with every such tensor named (read as DFlash it would draft without them, silently).
 """
 
 from __future__ import annotations
 
-from mlxspec.drafters.common import RawDrafter
+from mlxspec import validate as V
+from mlxspec.drafters.common import RawDrafter, _group, feature_of
 from mlxspec.drafters.config import DrafterConfig
 from mlxspec.drafters.formats import hf
 from mlxspec.errors import MlxspecError
@@ -21,8 +29,50 @@ def detect(config: dict, path: str) -> bool:
             and ("dflash_config" in config or any("dflash" in a.lower() for a in hf.architectures(config))))
 
 
-def header(config: dict, path: str):
-    dims = hf.backbone(config, path)
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+def declares_dflash2(config: dict) -> bool:
+    dc = config.get("dflash_config") or {}
+    return (any("dflash2" in a.lower() for a in hf.architectures(config))
+            or any(k in dc for k in DFLASH2_KEYS))
+
+
+def dflash2_fields(config: dict, path: str) -> dict:
+    dc = config.get("dflash_config") or {}
+    opts = {"integral_float": True, "fix": hf.FIX}
+    f = {k: V.get_int(dc, k, f"{path}: dflash_config", 1, V.MAX_VOCAB, **opts) for k in DFLASH2_KEYS}
+    cap = dc.get("final_logit_softcapping", config.get("final_logit_softcapping"))
+    f["final_logit_softcapping"] = None if cap is None or cap == 0 else V.as_float(
+        cap, "dflash_config.final_logit_softcapping", path, 0, 1e6, lo_open=True, fix=hf.FIX)
+    f["output_multiplier"] = V.get_float(dc, "output_multiplier", f"{path}: dflash_config", 0, 1e6, default=1.0,
+                                         lo_open=True, fix=hf.FIX)
+    scale = V.get_float(dc, "input_embedding_scale", f"{path}: dflash_config", default=1.0, fix=hf.FIX)
+    if scale != 1.0:
+        raise MlxspecError(f"{path}: dflash_config.input_embedding_scale {scale} is not supported (only 1.0)")
+    lt = config.get("layer_types")
+    if lt is not None:
+        if not isinstance(lt, list) or any(t not in ("full_attention", "sliding_attention") for t in lt):
+            raise MlxspecError(f"{path}: layer_types {lt!r} must list full_attention / sliding_attention; {hf.FIX}")
+        f["layer_types"] = tuple(lt)
+    if "sliding_attention" in (lt or ()):
+        f["sliding_window"] = V.get_int(config, "sliding_window", path, 1, 1 << 30, integral_float=True, fix=hf.FIX)
+    causal = config.get("is_causal")
+    f["block_causal"] = None if causal is None else hf.parse_flag(causal, "is_causal", path)
+    return f
+
+
+def header(config: dict, path: str, shapes: dict | None = None):
+    markers = hf.dflash2_markers(shapes or {})
+    v2 = declares_dflash2(config)
+    if markers and not v2:
+        raise MlxspecError(
+            f"{path}: {len(markers)} tensors are DFlash 2's, not claimed by the DFlash drafter config.json "
+            f"describes (architectures {hf.architectures(config)}, no dflash_config.selector_top_k): "
+            f"{_group(markers, feature_of, {})}; read as DFlash it would draft without them: use the drafter's "
+            "DFlash 2 config.json (DFlash2DraftModel)"
+        )
+    dims = hf.backbone(config, path, dflash2=v2)
     theta = hf.rope_theta(config, path, hf.QWEN3_DEFAULTS["rope_theta"])
     dc = config.get("dflash_config") or {}
     taps = dc.get("target_layer_ids", config.get("target_layer_ids"))
@@ -43,11 +93,14 @@ def header(config: dict, path: str):
         layout_key, layout_value = "sample_from_anchor", config.get("sample_from_anchor")
     extra = {"num_target_layers": config.get("num_target_layers"),
              "max_position_embeddings": config.get("max_position_embeddings")}
-    return dict(**dims, rope_theta=theta, **hf.taps_mask_block(taps, mask, block, path)), layout_key, layout_value, extra
+    fields = dict(**dims, rope_theta=theta, **hf.taps_mask_block(taps, mask, block, path))
+    if v2:
+        fields.update(dflash2_fields(config, path))
+    return fields, layout_key, layout_value, extra
 
 
 def read(path: str, config: dict, target_vocab: int | None = None) -> RawDrafter:
-    return hf.read_dir(path, config, "zlab", header, RULES)
+    return hf.read_dir(path, config, "zlab", header, RULES, header_shapes=True)
 
 
 def write(model, cfg: DrafterConfig, path: str, target=None, **options) -> None:
@@ -64,6 +117,9 @@ def write(model, cfg: DrafterConfig, path: str, target=None, **options) -> None:
     if cfg.draft_vocab_size:
         hf.refuse(path, "zlab", "a reduced draft vocabulary (d2t)", "speculators or gguf")
     facts = hf.target_facts(cfg, target, path, "zlab")
+    if cfg.lineage == "dflash2":
+        hf.write_dir(model, cfg, path, dflash2_config(model, cfg, facts))
+        return
     # every key z-lab's published configs carry (Qwen3-8B-DFlash-b16 and siblings) except
     # auto_map (remote code not shipped) and the target's bos/eos ids
     config = {
@@ -88,3 +144,37 @@ def write(model, cfg: DrafterConfig, path: str, target=None, **options) -> None:
         },
     }
     hf.write_dir(model, cfg, path, config)
+
+
+def dflash2_config(model, cfg: DrafterConfig, facts: dict) -> dict:
+    """config.json as z-lab publishes DFlash 2 drafters (tests/fixtures/dflash2-config.json)."""
+    lt = list(cfg.layer_types or ["full_attention"] * cfg.num_hidden_layers)
+    config = {
+        "architectures": ["DFlash2DraftModel"],
+        **hf.backbone_config(cfg),
+        "attention_dropout": 0.0,
+        "initializer_range": 0.02,
+        "max_position_embeddings": facts["max_position_embeddings"],
+        "max_window_layers": cfg.num_hidden_layers,
+        "num_target_layers": facts["num_target_layers"],
+        "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "default"},
+        "layer_types": lt,
+        "sliding_window": cfg.sliding_window if "sliding_attention" in lt else None,
+        "use_sliding_window": "sliding_attention" in lt,
+        "use_cache": False,
+        "dtype": hf.weights_dtype(model),
+        "dflash_config": {
+            "block_size": cfg.block_size,
+            "target_layer_ids": [int(t) for t in cfg.target_layer_ids],
+            "mask_token_id": cfg.mask_token_id,
+            "conv_kernel_size": cfg.conv_kernel_size,
+            "conv_group_size": cfg.conv_group_size,
+            "selector_rank": cfg.selector_rank,
+            "selector_top_k": cfg.selector_top_k,
+            "output_multiplier": cfg.output_multiplier,
+            "final_logit_softcapping": cfg.final_logit_softcapping,
+        },
+    }
+    if cfg.block_causal is not None:
+        config["is_causal"] = bool(cfg.block_causal)
+    return config
