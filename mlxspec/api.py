@@ -32,7 +32,7 @@ from mlxspec.targets.load import load_target
 from mlxspec.targets.model import Target
 from mlxspec.validate import check_prompt_ids, check_sampling_args, check_spec_args, check_text
 
-SPEC_TYPES = ("auto", "draft-dflash", "draft-dspark", "draft-simple", "ngram", "none")
+SPEC_TYPES = ("auto", "draft-dflash", "draft-dspark", "draft-dflash2", "draft-simple", "ngram", "none")
 VERIFY_POLICIES = ("adaptive", "fixed")
 SHIPPED = Path(__file__).parent / "weights"
 
