@@ -168,3 +168,48 @@ def test_taps_beyond_the_target_are_refused_in_one_line(tmp_path):
     assert lines[-1] == ("mlxspec: error: --taps 1,8,40: the target has 30 layers (0..29); "
                          "pass layer numbers below that"), r.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_dense_training_forward_equals_the_inference_forward():
+    """The training forward (`block_hidden`: K blocks per window in one pass, each seeing the
+    context before its anchor and its own rows) gives, for every block, the hidden states the
+    inference path computes for that anchor alone (context K/V of rows < anchor, one block)."""
+    from mlxspec.drafters.config import DrafterConfig
+    from mlxspec.drafters.model import DFlashModel
+    from mlxspec.train.trainer import block_hidden
+
+    c = DrafterConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, block_size=4, target_layer_ids=[0, 1], mask_token_id=3,
+                      vocab_size=100, sample_from_anchor=True, rms_norm_eps=1e-6, rope_theta=10000.0)
+    mx.random.seed(0)
+    m = DFlashModel(c)
+    S, L, K, B = 2, 20, 3, 4
+    taps = mx.random.normal((S, L, 128))
+    anchors = mx.array([[2, 7, 15], [1, 9, 14]])
+    emb = mx.random.normal((S, K, B, 64))
+    pos = anchors[:, :, None] + mx.arange(B)
+    h = block_hidden(m, taps, emb, pos, anchors)
+    for s in range(S):
+        for k in range(K):
+            a = int(anchors[s, k])
+            kv = m.layer_context_kv(m.context(taps[s : s + 1, :a]), mx.arange(a)[None])
+            ref = m.hidden(emb[s : s + 1, k], pos[s : s + 1, k], kv)
+            np.testing.assert_allclose(np.asarray(h[s, k]), np.asarray(ref[0]), atol=2e-5)
+
+
+def test_dense_anchors_cover_every_valid_position_of_a_regen_window():
+    """anchors_per_seq=0 supervises every anchor in [start, end - block] of a window once, and
+    no anchor outside it; padded anchors carry no label."""
+    from mlxspec.train.trainer import Batcher
+
+    L, B = 32, 4
+    store = {"tokens": np.arange(2 * L, dtype=np.int32).reshape(2, L) % 50,
+             "topk_ids": np.zeros((2, L, 8), np.int32), "topk_probs": np.ones((2, L, 8), np.float16) / 8,
+             "taps": np.zeros((2, L, 6), np.uint16), "start": np.array([10, 10], np.int32),
+             "end": np.array([20, 20], np.int32)}
+    tc = TrainConfig(block_size=B, anchors_per_seq=0, seqs_per_step=2, taps=[0])
+    b = Batcher([(store, 1.0)], tc, np.arange(50, dtype=np.int32), seed=0)()
+    an, av = np.asarray(b["anchors"]), np.asarray(b["aval"]) > 0
+    for r in range(2):
+        assert sorted(an[r][av[r]].tolist()) == list(range(10, 20 - B + 1))
+    assert (np.asarray(b["label"])[~av] == -1).all()

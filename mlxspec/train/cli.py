@@ -14,7 +14,8 @@ from mlxspec.evaluate import evaluate_drafter
 from mlxspec.targets.load import load_target
 from mlxspec.train.data import DEFAULT_SOURCES, prepare_generated_shards, prepare_shards
 from mlxspec.train.export import export_all
-from mlxspec.train.trainer import TrainConfig, train
+from mlxspec.train.regen import prepare_regen_store
+from mlxspec.train.trainer import TrainConfig, parse_data_mix, train
 from mlxspec.validate import MAX_BLOCK, check_float_arg, check_int_arg
 
 DEFAULT_TOKENS = "code=650000,prose=520000,fortunes=130000"
@@ -24,21 +25,30 @@ def add_train_args(p):
     p.add_argument("--model", "-m", default=None, help="target (default SmolLM2-135M-Instruct)")
     p.add_argument("--lineage", choices=("dspark", "dflash"), default="dspark")
     p.add_argument("--out", "-o", required=True, help="output directory (checkpoints, exports, report)")
-    p.add_argument("--data", default=None, help="shard directory (default: <cache>/shards/<model>); prepared on first use")
+    p.add_argument("--data", default=None,
+                   help="data store directory (default: <cache>/shards/<model>-<mode>-...); prepared on first use. "
+                        "To train on several stores: DIR:WEIGHT,DIR2:WEIGHT2 (windows drawn in proportion)")
     p.add_argument("--corpus", action="append", default=None,
                    help="CATEGORY=GLOB (repeatable); default: stdlib code, Python docs prose, fortunes")
     p.add_argument("--tokens", default=None,
                    help=f"training tokens per category (default {DEFAULT_TOKENS}; generated tokens in "
                         "--data-mode generated); with an existing --data store, its own budget")
-    p.add_argument("--data-mode", choices=("generated", "corpus"), default="corpus",
+    p.add_argument("--data-mode", choices=("regen", "corpus", "generated"), default="corpus",
                    help="corpus: corpus windows, one batched prefill each, streamed and resumable (default; "
-                        "fastest per token); generated: corpus prefixes continued greedily by the target")
+                        "fastest per token, ~10x cheaper than regen); regen: the target's own answers to chat "
+                        "prompts built from the training split and its continuations of corpus prefixes, greedy "
+                        "and at T=0.7, anchors on the answers only (what is served; resumable); generated: "
+                        "corpus prefixes continued greedily (older, not resumable)")
+    p.add_argument("--regen-windows", type=int, default=2048,
+                   help="regen mode: answers to collect (one window of --seq-len tokens each)")
     p.add_argument("--data-seconds", type=float, default=None,
                    help="corpus mode: stop preparing data after this many seconds (rerun to resume)")
-    p.add_argument("--data-batch", type=int, default=16, help="corpus mode: windows per target forward")
+    p.add_argument("--data-batch", type=int, default=None,
+                   help="windows per target forward while preparing data (default 16 corpus, 64 regen)")
     p.add_argument("--max-windows", type=int, default=None,
                    help="train on the first N windows of the data only (budget studies)")
-    p.add_argument("--prefix-len", type=int, default=64, help="generated mode: corpus prefix tokens")
+    p.add_argument("--prefix-len", type=int, default=None,
+                   help="generated mode: corpus prefix tokens (default: a quarter of --seq-len)")
     p.add_argument("--taps", default=None,
                    help="target layers (output of layer k) the drafter reads (default: five spread from layer 1 to "
                         "the third-to-last, e.g. 1,8,15,22,28 for SmolLM2's 30 layers, 1,5,9,13,16 for Gemma-3-270M's 18)")
@@ -57,7 +67,13 @@ def add_train_args(p):
                    help="start the drafter layers from the target's last layers (fc passes the deepest tap)")
     p.add_argument("--steps", type=int, default=2000)
     p.add_argument("--seqs-per-step", type=int, default=4)
-    p.add_argument("--anchors-per-seq", type=int, default=16)
+    p.add_argument("--anchors-per-seq", type=int, default=0,
+                   help="supervised blocks per window per step (0 = every valid position: dense, the default)")
+    p.add_argument("--all-positions", action="store_true",
+                   help="regen stores: anchors in the prompt as well as the answer (default: answer only)")
+    p.add_argument("--init-from", default=None,
+                   help="start from a drafter export (e.g. mlxspec/weights/smollm2-135m-dspark) with the same shape")
+    p.add_argument("--no-compile", action="store_true", help="do not mx.compile the training step")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
@@ -101,12 +117,16 @@ def check_train_args(a) -> None:
     check_int_arg("--markov-rank", a.markov_rank, 0, 1 << 16)
     check_int_arg("--draft-vocab", a.draft_vocab, 0)
     check_int_arg("--seq-len", a.seq_len, 2)
-    check_int_arg("--prefix-len", a.prefix_len, 1, a.seq_len - 1)
+    if a.data_mode == "generated":  # only generated windows have a prefix
+        if a.prefix_len is None:
+            a.prefix_len = max(1, a.seq_len // 4)
+        check_int_arg("--prefix-len", a.prefix_len, 1, a.seq_len - 1)
+    check_int_arg("--regen-windows", a.regen_windows, 1)
     check_int_arg("--seqs-per-step", a.seqs_per_step, 1)
-    check_int_arg("--anchors-per-seq", a.anchors_per_seq, 1)
+    check_int_arg("--anchors-per-seq", a.anchors_per_seq, 0)
     check_int_arg("--warmup", a.warmup, 0)
     check_int_arg("--seed", a.seed, 0)
-    check_int_arg("--data-batch", a.data_batch, 1)
+    check_int_arg("--data-batch", a.data_batch, 1, allow_none=True)
     check_int_arg("--eval-prompts", a.eval_prompts, 0)
     check_int_arg("--max-windows", a.max_windows, 1, allow_none=True)
     check_float_arg("--lr", a.lr, 0.0, 1.0, lo_open=True)
@@ -144,22 +164,30 @@ def cmd_train(a) -> int:
 
     repo = hub_repo_of(target.info.source)  # a hub snapshot's directory name is its commit hash
     name = repo.replace("/", "--") if repo else Path(target.info.source).stem
-    data = Path(a.data) if a.data else (
+    mix = parse_data_mix(a.data) if a.data else None
+    data = Path(mix[0][0]) if mix else (
         cache_dir() / "shards" / f"{name}-{a.data_mode}-L{a.seq_len}-t{'_'.join(map(str, taps))}")
     meta = {"taps": taps, "seq_len": a.seq_len, "budget": budget, "model": target.info.source,
             "sources": sources or DEFAULT_SOURCES, "mode": a.data_mode}
-    if a.data_mode == "corpus":
+    if mix and len(mix) > 1:
+        for d, _ in mix:  # a mix trains on stores prepared before, each checked by the trainer
+            if not (Path(d) / "meta.json").exists():
+                raise MlxspecError(f"--data {a.data}: {d} holds no prepared store; prepare each store first "
+                                   "(mlxspec train --prepare-only --data DIR ...)")
+    elif a.data_mode == "regen":
+        prepare_regen_store(target, tok, data, taps, a.seq_len, windows=a.regen_windows, batch=a.data_batch or 64,
+                            seed=a.seed, max_seconds=a.data_seconds)
+    elif a.data_mode == "corpus":
         stored = data / "meta.json"
         if stored.exists() and a.tokens is None:
             budget = json.loads(stored.read_text()).get("budget", budget)  # resume with the store's own budget
         if a.prepare_only or not stored.exists() or a.tokens is not None:
-            prepare_shards(target, tok, data, taps, a.seq_len, budget, batch=a.data_batch, sources=sources,
+            prepare_shards(target, tok, data, taps, a.seq_len, budget, batch=a.data_batch or 16, sources=sources,
                            max_seconds=a.data_seconds)
     elif not (data / "meta.json").exists():
         t0 = time.time()
-        if a.data_mode == "generated":
-            prepare_generated_shards(target, tok, data, taps, a.prefix_len, a.seq_len - a.prefix_len, budget,
-                                     sources=sources)
+        prepare_generated_shards(target, tok, data, taps, a.prefix_len, a.seq_len - a.prefix_len, budget,
+                                 sources=sources)
         meta["prepare_s"] = time.time() - t0
         (data / "meta.json").write_text(json.dumps(meta, indent=1))
     elif json.loads((data / "meta.json").read_text())["taps"] != taps:
@@ -172,10 +200,11 @@ def cmd_train(a) -> int:
         confidence_head=not a.no_confidence, draft_vocab=a.draft_vocab, labels=a.labels, steps=a.steps,
         seqs_per_step=a.seqs_per_step, anchors_per_seq=a.anchors_per_seq, lr=a.lr, warmup=a.warmup,
         seed=a.seed, taps=taps, loss=a.loss, warm_start=a.warm_start, max_windows=a.max_windows,
+        response_only=not a.all_positions, compile=not a.no_compile, init_from=a.init_from,
     )
     out = Path(a.out)
     t0 = time.time()
-    model, cfg, info = train(target, str(data), str(out), tc, resume=not a.no_resume, force=a.force)
+    model, cfg, info = train(target, mix or str(data), str(out), tc, resume=not a.no_resume, force=a.force)
     train_s = time.time() - t0
     paths = export_all(model, cfg, out, target=target)
     report = {"train_config": asdict(tc), "train_seconds_this_run": train_s,

@@ -230,6 +230,9 @@ def load_shards(path: str | os.PathLike, max_windows: int | None = None) -> dict
             raise MlxspecError(f"{path}: the training data store has no completed windows yet; "
                                "run `mlxspec train --prepare-only` on it first")
         out = {k: np.load(p / f"{k}.npy", mmap_mode="r")[:done] for k in STREAM_ARRAYS}
+        for k in ("start", "end", "source"):  # regenerated stores (`mlxspec.train.regen`)
+            if (p / f"{k}.npy").exists():
+                out[k] = np.load(p / f"{k}.npy", mmap_mode="r")[:done]
         check_finite_taps(path, out["taps"])
         return out
     files = sorted(p.glob("shard_*.npz"))

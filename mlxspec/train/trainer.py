@@ -16,11 +16,13 @@ verification accepts), or "corpus" = the raw next token (CE only).
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 
 import mlx.core as mx
@@ -31,7 +33,7 @@ from mlx.utils import tree_flatten
 from tqdm import tqdm
 
 from mlxspec.drafters.config import DrafterConfig
-from mlxspec.drafters.model import DFlashModel
+from mlxspec.drafters.model import DFlashModel, rope
 from mlxspec.errors import MlxspecError
 from mlxspec.targets.model import norm_scale, target_head_rows
 from mlxspec.train.data import load_shards, taps_from_store
@@ -51,7 +53,8 @@ class TrainConfig:
     labels: str = "target"  # target | corpus
     steps: int = 2000
     seqs_per_step: int = 4
-    anchors_per_seq: int = 16
+    anchors_per_seq: int = 0  # 0 = every valid anchor of a window (dense supervision)
+    response_only: bool = True  # regenerated stores: anchors in the target's answer only
     lr: float = 1e-3
     warmup: int = 100
     weight_decay: float = 0.01
@@ -62,12 +65,31 @@ class TrainConfig:
     max_windows: int | None = None  # train on the first N windows of the data only (budget studies)
     seed: int = 0
     checkpoint_every: int = 250
+    compile: bool = True
+    init_from: str | None = None  # a drafter export to start from (same shape; its draft vocabulary is kept)
     taps: list = field(default_factory=list)
+
+
+def parse_data_mix(data) -> list[tuple[str, float]]:
+    """`--data DIR` or `DIR:W,DIR2:W2` (windows drawn from each store with probability
+    proportional to W) -> [(dir, weight)]."""
+    if isinstance(data, (list, tuple)):
+        return [(str(d), float(w)) for d, w in data]
+    out = []
+    for part in str(data).split(","):
+        d, sep, w = part.rpartition(":")
+        if not sep or not d or not w.replace(".", "", 1).isdigit():
+            d, w = part, "1"
+        if float(w) <= 0:
+            raise MlxspecError(f"--data {data!r}: a store's weight must be > 0, got {w!r} for {d!r}")
+        out.append((d, float(w)))
+    return out
 
 
 def draft_vocabulary(shards: dict, vocab_size: int, n: int, always=()) -> np.ndarray:
     """The n target ids most often predicted by the target (top-1) on the training data."""
-    counts = np.bincount(shards["topk_ids"][..., 0].ravel(), minlength=vocab_size)
+    top1 = shards["topk_ids"]
+    counts = np.bincount((top1 if top1.ndim == 2 else top1[..., 0]).ravel(), minlength=vocab_size)
     counts += np.bincount(shards["tokens"].ravel(), minlength=vocab_size)
     for t in always:
         counts[t] = counts.max() + 1
@@ -101,75 +123,149 @@ def make_drafter_config(tc: TrainConfig, target_info, target_cfg: dict) -> Draft
 
 
 class Batcher:
-    """Samples windows and anchors; builds the block mask and label tensors (numpy)."""
+    """Samples windows and anchors; builds the label tensors (numpy).
 
-    def __init__(self, shards: dict, tc: TrainConfig, t2d: np.ndarray, seed: int):
-        self.s, self.tc, self.t2d = shards, tc, t2d
+    `stores` is a list of (arrays, weight): each window of a step comes from store i with
+    probability weight_i (`--data A:0.5,B:0.5`). Anchors of a window lie in its supervised
+    range: [max(1, start), end - block] where a regenerated store (`train.regen`) gives
+    `start` (the first response token) and `end` (one past its last valid token), and a
+    corpus store the whole window. `anchors_per_seq` = 0 takes every valid anchor (dense
+    supervision, as DeepSpec / SpecForge do); windows with fewer valid anchors than the
+    step's K are padded with masked ones (`aval`), so every step has one shape."""
+
+    def __init__(self, stores, tc: TrainConfig, t2d: np.ndarray, seed: int):
+        if isinstance(stores, dict):
+            stores = [(stores, 1.0)]
+        self.stores = [s for s, _ in stores]
+        w = np.asarray([float(x) for _, x in stores])
+        self.p = w / w.sum()
+        self.tc, self.t2d = tc, t2d
         self.rng = np.random.default_rng(seed)
-        self.n, self.L = shards["tokens"].shape
+        self.L = self.stores[0]["tokens"].shape[1]
+        self.B = tc.block_size
+        self.K = tc.anchors_per_seq or max(1, self.L - self.B - 2)
+        self.windows_read = 0
+
+    def _range(self, s, i):
+        L, B = self.L, self.B
+        lo = max(1, int(s["start"][i])) if "start" in s and self.tc.response_only else 1
+        end = int(s["end"][i]) if "end" in s else L
+        return lo, max(lo, min(end - B + 1, L - B - 1))  # [lo, hi): rows' labels stay < end
 
     def __call__(self):
-        tc, s, L = self.tc, self.s, self.L
-        B, K, S = tc.block_size, tc.anchors_per_seq, tc.seqs_per_step
+        tc, L, B, K, S = self.tc, self.L, self.B, self.K, self.tc.seqs_per_step
         first = 0 if tc.sample_from_anchor else 1
-        n_pred = B - first
-        idx = self.rng.choice(self.n, S, replace=False)
-        # anchors a in [start, L - B - 1]: the block's predictions stay inside the window;
-        # `start` > 1 keeps anchors in the target-generated part of generated shards
-        starts = s["start"][idx] if "start" in s else np.ones(len(idx), np.int64)
-        anchors = np.stack([np.sort(self.rng.choice(np.arange(max(1, st), L - B - 1), K, replace=False))
-                            for st in starts])
+        which = self.rng.choice(len(self.stores), S, p=self.p)
+        rows = []
+        for si in which:
+            s = self.stores[si]
+            for _ in range(8):  # a window with no valid anchor (an answer shorter than a block) is redrawn
+                i = int(self.rng.integers(len(s["tokens"])))
+                lo, hi = self._range(s, i)
+                if hi > lo:
+                    break
+            rows.append((s, i, lo, hi))
+        self.windows_read += S
+        anchors = np.zeros((S, K), np.int64)
+        aval = np.zeros((S, K), bool)
+        for r, (_, _, lo, hi) in enumerate(rows):
+            n = hi - lo
+            if n <= 0:
+                anchors[r] = 1
+                continue
+            pick = np.sort(self.rng.choice(np.arange(lo, hi), min(K, n), replace=False))
+            anchors[r, : len(pick)] = pick
+            anchors[r, len(pick):] = pick[-1]
+            aval[r, : len(pick)] = True
+        toks = np.stack([s["tokens"][i] for s, i, _, _ in rows])
         j = np.arange(B)
         pos = anchors[:, :, None] + j  # [S, K, B]
-        toks = s["tokens"][idx]
         block_tok = np.full((S, K, B), tc.mask_token_id, np.int32)
         block_tok[:, :, 0] = np.take_along_axis(toks, anchors, 1)
-        # mask [S, 1, K*B, L + K*B]
-        ctx_ok = np.arange(L)[None, None, None, :] < anchors[:, :, None, None]  # [S,K,1,L]
-        ctx_ok = np.broadcast_to(ctx_ok, (S, K, B, L)).reshape(S, K * B, L)
-        blk = np.arange(K).repeat(B)
-        blk_ok = np.broadcast_to(blk[:, None] == blk[None, :], (S, K * B, K * B))
-        mask = np.concatenate([ctx_ok, blk_ok], axis=-1)[:, None]
         # predicted positions q for predicting rows; label distribution comes from q-1
-        rows = j[first:]
-        q = anchors[:, :, None] + rows + (1 if tc.sample_from_anchor else 0)  # [S,K,n]
+        prow = j[first:]
+        q = anchors[:, :, None] + prow + (1 if tc.sample_from_anchor else 0)  # [S,K,n]
         src = q - 1
         win = np.arange(S)[:, None, None]
+        topk_ids = np.stack([s["topk_ids"][i] for s, i, _, _ in rows])
+        topk_p = np.stack([s["topk_probs"][i] for s, i, _, _ in rows])
         if tc.labels == "corpus":
-            lab_t = toks[win, q]
+            lab_t = toks[win, np.minimum(q, L - 1)]
         else:
-            lab_t = s["topk_ids"][idx][win, src, 0]
+            lab_t = topk_ids[win, src, 0]
         # Markov teacher forcing: the token before q (the anchor at q-1 == a, else the label there)
+        n_pred = len(prow)
         prev_t = np.where(src == anchors[:, :, None], toks[win, anchors[:, :, None].repeat(n_pred, 2)],
                           np.concatenate([lab_t[:, :, :1], lab_t[:, :, :-1]], axis=2))
-        tk_ids = self.t2d[s["topk_ids"][idx][win, src]]  # [S,K,n,TOPK] draft ids (-1 = not in vocab)
-        tk_p = s["topk_probs"][idx][win, src].astype(np.float32)
+        tk_ids = self.t2d[topk_ids[win, src]]  # [S,K,n,TOPK] draft ids (-1 = not in vocab)
+        tk_p = topk_p[win, src].astype(np.float32)
         tk_p = np.where(tk_ids >= 0, tk_p, 0.0)
-        taps = s["taps"][idx]
+        label = np.where(aval[:, :, None], self.t2d[lab_t], -1)
+        taps = np.stack([s["taps"][i] for s, i, _, _ in rows])
         return dict(
             taps=taps_from_store(taps),
-            block_tok=mx.array(block_tok.reshape(S, K * B)),
-            pos=mx.array(pos.reshape(S, K * B)),
-            mask=mx.array(mask),
-            rows=mx.array(np.asarray(rows)),
-            label=mx.array(self.t2d[lab_t]),
+            block_tok=mx.array(block_tok),
+            pos=mx.array(pos.astype(np.int32)),
+            anchors=mx.array(anchors.astype(np.int32)),
+            label=mx.array(label.astype(np.int32)),
             prev=mx.array(prev_t.astype(np.int32)),
             tk_ids=mx.array(np.maximum(tk_ids, 0)),
-            tk_p=mx.array(tk_p),
+            tk_p=mx.array(np.where(aval[:, :, None, None], tk_p, 0.0)),
+            aval=mx.array(aval.astype(np.float32)),
         )
+
+
+def block_attention(attn, x: mx.array, pos: mx.array, ck: mx.array, cv: mx.array, ctx_bias: mx.array) -> mx.array:
+    """The drafter's attention for K blocks per window at once, without a K*B x K*B mask.
+
+    x [S, K, B, H] block rows at positions pos [S, K, B]; ck, cv [S, n_kv, L, hd] the
+    window's context K/V; ctx_bias [S, 1, 1, K, 1, L] is 0 where a context row lies before
+    the block's anchor and -inf elsewhere. Each block attends to its visible context and
+    to its own B rows (no mask inside a block), never to another block: the same
+    attention as `DraftAttention` at inference, in O(K*B*(L+B)) instead of O((K*B)^2)."""
+    S, K, B, _ = x.shape
+    nh, nkv, hd = attn.n_heads, attn.n_kv, attn.hd
+    rep = nh // nkv
+    q = attn.q_norm(attn.q_proj(x).reshape(S, K, B, nh, hd))
+    k = attn.k_norm(attn.k_proj(x).reshape(S, K, B, nkv, hd))
+    v = attn.v_proj(x).reshape(S, K, B, nkv, hd)
+    q = q.reshape(S, K, B, nkv, rep, hd).transpose(0, 3, 4, 1, 2, 5)  # [S, nkv, rep, K, B, hd]
+    k = k.transpose(0, 3, 1, 2, 4)[:, :, None]  # [S, nkv, 1, K, B, hd]
+    v = v.transpose(0, 3, 1, 2, 4)[:, :, None]
+    p6 = pos[:, None, None]
+    q = rope(q, p6, attn.theta) * attn.scale
+    k = rope(k, p6, attn.theta)
+    L = ck.shape[2]
+    s_ctx = (q.reshape(S, nkv, rep * K * B, hd) @ ck.swapaxes(-1, -2)).reshape(S, nkv, rep, K, B, L) + ctx_bias
+    s_blk = q @ k.swapaxes(-1, -2)  # [S, nkv, rep, K, B, B]
+    p = mx.softmax(mx.concatenate([s_ctx, s_blk], axis=-1), axis=-1, precise=True)
+    o = (p[..., :L].reshape(S, nkv, rep * K * B, L) @ cv).reshape(S, nkv, rep, K, B, hd) + p[..., L:] @ v
+    return attn.o_proj(o.transpose(0, 3, 4, 1, 2, 5).reshape(S, K, B, nh * hd))
+
+
+def block_hidden(model: DFlashModel, taps: mx.array, emb: mx.array, pos: mx.array, anchors: mx.array) -> mx.array:
+    """Post-norm hidden states [S, K, B, H] of K blocks per window (training forward).
+
+    taps [S, L, T*H] float32; emb [S, K, B, H] block embeddings; anchors [S, K]."""
+    S, L, _ = taps.shape
+    ctx = model.context(taps)
+    layer_kv = model.layer_context_kv(ctx, mx.broadcast_to(mx.arange(L)[None], (S, L)))
+    visible = mx.arange(L)[None, None, :] < anchors[:, :, None]  # [S, K, L]
+    ctx_bias = mx.where(visible, 0.0, -mx.inf).astype(mx.float32)[:, None, None, :, None, :]
+    h = model.block_embeddings(emb)
+    for layer, (ck, cv) in zip(model.layers, layer_kv):
+        h = h + block_attention(layer.self_attn, layer.input_layernorm(h), pos, ck, cv, ctx_bias)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    return model.norm(h)
 
 
 def loss_fn(model: DFlashModel, frozen: dict, b: dict, tc: TrainConfig):
     c = model.config
-    S, L, _ = b["taps"].shape
-    B, K = tc.block_size, tc.anchors_per_seq
-    ctx = model.context(b["taps"].astype(mx.float32))
-    layer_kv = model.layer_context_kv(ctx, mx.broadcast_to(mx.arange(L)[None], (S, L)))
-    emb = frozen["embed"][b["block_tok"]]
-    if c.log_snr:
-        emb = model.block_embeddings(emb.reshape(S * K, B, -1)).reshape(S, K * B, -1)
-    h = model.hidden(emb, b["pos"], layer_kv, b["mask"])  # [S, K*B, H]
-    h = h.reshape(S, K, B, -1)[:, :, b["rows"]]  # [S, K, n, H]
+    S = b["taps"].shape[0]
+    K = b["anchors"].shape[1]
+    emb = frozen["embed"][b["block_tok"]]  # [S, K, B, H]
+    h = block_hidden(model, b["taps"], emb, b["pos"], b["anchors"])
+    h = h[:, :, (0 if c.sample_from_anchor else 1):]  # predicting rows [S, K, n, H]
     logits = h @ frozen["head"].T  # [S, K, n, Vd]
     n = h.shape[2]
     k = mx.arange(n, dtype=mx.float32)
@@ -202,7 +298,9 @@ def loss_fn(model: DFlashModel, frozen: dict, b: dict, tc: TrainConfig):
         pd_k = mx.take_along_axis(p_d, b["tk_ids"], axis=-1)  # [S,K,n,TOPK]
         l1 = mx.abs(pd_k - b["tk_p"]).sum(-1) + (1.0 - pd_k.sum(-1))
         # a draft id may repeat in tk_ids only when padded (p=0), harmless for L1
-        wsum = w.sum() * S * K
+        av = b["aval"][:, :, None]  # padded anchors carry no loss
+        wsum = w.sum() * mx.maximum(b["aval"].sum(), 1.0)
+        l1 = l1 * av
         ce_m = (ce * w).sum() / wsum
         l1_m = (l1 * w).sum() / wsum
         loss = 0.1 * ce_m + 0.9 * l1_m
@@ -211,7 +309,7 @@ def loss_fn(model: DFlashModel, frozen: dict, b: dict, tc: TrainConfig):
             conf = model.confidence_head(h, state if c.confidence_head_with_markov else None)
             tgt = mx.stop_gradient(mx.clip(1.0 - 0.5 * l1, 0.0, 1.0))
             eps = 1e-6
-            bce = -(tgt * mx.log(conf + eps) + (1 - tgt) * mx.log(1 - conf + eps))
+            bce = -(tgt * mx.log(conf + eps) + (1 - tgt) * mx.log(1 - conf + eps)) * av
             bce_m = (bce * w).sum() / wsum
             loss = loss + bce_m
             metrics["bce"] = bce_m
@@ -237,13 +335,33 @@ def train(
     out = Path(out_dir)
     check_out_dir(out, tc, resume, force)
     (out / "ckpt").mkdir(parents=True, exist_ok=True)
-    shards = load_shards(shards_dir, tc.max_windows)
-    meta_path = Path(shards_dir) / "meta.json"
+    mix = parse_data_mix(shards_dir)
+    stores = [(load_shards(d, tc.max_windows), w) for d, w in mix]
+    metas = [json.loads((Path(d) / "meta.json").read_text()) for d, _ in mix if (Path(d) / "meta.json").exists()]
+    if len({tuple(m["taps"]) for m in metas}) > 1 or len({s["tokens"].shape[1] for s, _ in stores}) > 1:
+        raise MlxspecError(f"--data {shards_dir}: the stores were prepared with different taps or window lengths; "
+                           "mix only stores of one target, taps and --seq-len")
     if not tc.taps:
-        tc.taps = json.loads(meta_path.read_text())["taps"] if meta_path.exists() else []
+        tc.taps = metas[0]["taps"] if metas else []
+    shards = {k: np.concatenate([np.asarray(s[k][..., 0]) if k == "topk_ids" else np.asarray(s[k]) for s, _ in stores])
+              for k in ("tokens", "topk_ids")}
     V = target.info.vocab_size
     cfg = make_drafter_config(tc, target.info, target.config)
-    if tc.draft_vocab:
+    init = None
+    if tc.init_from:
+        from mlxspec.drafters.load import load_drafter
+
+        init, icfg = load_drafter(tc.init_from, target.info, log=io.StringIO())
+        mismatch = [k for k in ("lineage", "num_hidden_layers", "intermediate_size", "block_size", "markov_rank",
+                                "target_layer_ids", "sample_from_anchor", "draft_vocab_size")
+                    if getattr(icfg, k) != getattr(cfg, k)]
+        if mismatch:
+            raise MlxspecError(f"--init-from {tc.init_from}: its {', '.join(f'{k} {getattr(icfg, k)!r}' for k in mismatch)} "
+                               f"differ from this run's ({', '.join(f'{getattr(cfg, k)!r}' for k in mismatch)}); "
+                               "pass matching flags")
+    if init is not None and cfg.draft_vocab_size:
+        d_ids = (np.asarray(init.d2t) + np.arange(cfg.draft_vocab_size)).astype(np.int32)
+    elif tc.draft_vocab:
         d_ids = draft_vocabulary(shards, V, tc.draft_vocab)
     else:
         d_ids = np.arange(V, dtype=np.int32)
@@ -265,6 +383,12 @@ def train(
         warm_start_from_target(model, target, tc.taps)
     if cfg.draft_vocab_size:
         model.d2t = mx.array(d_ids - np.arange(len(d_ids), dtype=np.int32))
+    if init is not None:
+        from mlx.utils import tree_flatten as _flat
+
+        mine = dict(_flat(model.parameters()))
+        model.load_weights([(k, v.astype(mx.float32)) for k, v in _flat(init.parameters())
+                            if k in mine and k not in ("lm_head.weight",)], strict=False)
     embed = target.embed(mx.arange(V)).astype(mx.float32)
     frozen = {"embed": embed, "head": _target_head(target)[mx.array(d_ids)]}
     mx.eval(frozen)
@@ -288,8 +412,12 @@ def train(
         opt.state = tree_unflatten(list(opt_state.items()))
         start, history = st["step"], st["history"]
         log(f"resumed from step {start}")
-    batcher = Batcher(shards, tc, t2d, tc.seed + start)
+    prior_blocks = float(history[-1].get("supervised_blocks", 0.0)) if history else 0.0
+    prior_windows = start * tc.seqs_per_step
+    batcher = Batcher(stores, tc, t2d, tc.seed + start)
+    n_windows = sum(len(s["tokens"]) for s, _ in stores)
     lvg = nn.value_and_grad(model, lambda m, b: loss_fn(m, frozen, b, tc))
+    state = [model.state, opt.state]
 
     def step_fn(b):
         (loss, metrics), grads = lvg(model, b)
@@ -297,14 +425,17 @@ def train(
         opt.update(model, grads)
         return loss, metrics, norm
 
-    rows_per_step = tc.seqs_per_step * tc.anchors_per_seq * tc.block_size
+    if tc.compile:  # every step has one shape (Batcher pads anchors), so one compiled graph serves all
+        step_fn = partial(mx.compile, inputs=state, outputs=state)(step_fn)
+    blocks = 0.0
     bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, desc=f"train {tc.lineage}", unit="step")
     t0, ema = time.time(), None
     for step in bar:
         opt.learning_rate = lr_at(step)
         b = batcher()
         loss, metrics, norm = step_fn(b)
-        mx.eval(model.parameters(), opt.state, loss, metrics)
+        mx.eval(state, loss, metrics)
+        blocks += float(b["aval"].sum().item())
         lv = float(loss)
         if not math.isfinite(lv):
             bar.close()
@@ -312,11 +443,14 @@ def train(
                                "is from before it: lower --lr, or check the --data store")
         ema = lv if ema is None else 0.98 * ema + 0.02 * lv
         el = time.time() - t0
-        rate = (step + 1 - start) * rows_per_step / max(el, 1e-9)
-        bar.set_postfix(loss=f"{ema:.3f}", acc=f"{float(metrics['acc']):.2f}", rows_s=f"{rate:.0f}")
+        rate = blocks / max(el, 1e-9)
+        passes = (prior_windows + batcher.windows_read) / n_windows
+        bar.set_postfix(loss=f"{ema:.3f}", acc=f"{float(metrics['acc']):.2f}", blocks_s=f"{rate:.0f}",
+                        passes=f"{passes:.2f}")
         if step % 25 == 0 or step == tc.steps - 1:
             history.append({"step": step, "loss": lv, **{k: float(v) for k, v in metrics.items()},
-                            "lr": float(lr_at(step)), "elapsed_s": el})
+                            "lr": float(lr_at(step)), "elapsed_s": el, "blocks_per_s": rate,
+                            "supervised_blocks": prior_blocks + blocks, "window_passes": passes})
         if (step + 1) % tc.checkpoint_every == 0 or step == tc.steps - 1:
             _checkpoint(out, model, opt, step + 1, history, tc, cfg)
     bar.close()
@@ -375,7 +509,7 @@ def check_out_dir(out: Path, tc: TrainConfig, resume: bool, force: bool) -> None
             raise MlxspecError(f"{state}: the checkpoint state is unreadable; pass --no-resume --force to start over, "
                                "or a new --out") from None
         new = asdict(tc)
-        diff = [k for k in new if k not in ("steps", "checkpoint_every") and (k != "taps" or new[k])
+        diff = [k for k in new if k not in ("steps", "checkpoint_every", "compile") and (k != "taps" or new[k])
                 and json.loads(json.dumps(new[k])) != old.get(k, new[k])]
         if diff:
             shown = ", ".join(f"{k} {old.get(k)!r} there, {new[k]!r} here" for k in diff[:4])
