@@ -282,3 +282,45 @@ def test_sampled_draft_q_is_the_candidate_softmax(tiny):
     assert q.shape == (3, V) and np.allclose(q.sum(-1), 1.0, atol=1e-5)
     assert ((q > 0).sum(-1) <= 4).all()  # zero outside the 4 candidates
     assert all(q[i, t] > 0 for i, t in enumerate(out.tokens))
+
+
+# ----------------------------------------------------------------------------- GGUF
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_gguf_round_trip_and_llama_cpp_names(tmp_path, causal):
+    from mlxspec.gguf.file import read_gguf
+
+    cfg = dflash2_config(block_causal=causal)
+    m = random_dflash2(cfg)
+    path = tmp_path / "d2.gguf"
+    save_drafter(m, cfg, path, "gguf", target=tiny_target("qwen3"))
+    g = read_gguf(str(path))
+    names = {t.name: tuple(t.shape) for t in g.tensors}
+    assert g.architecture == "dflash"
+    assert names["selector_predecessor.weight"] == (64, 16) and names["selector_hidden.weight"] == (16, 32)
+    assert names["blk.0.attn_conv_base"] == (2, 2, 32) and names["blk.1.ffn_conv_proj.weight"] == (16, 32)
+    assert g.metadata["dflash.selector_top_k"] == 8 and g.metadata["dflash.attention.sliding_window"] == 8
+    assert list(g.metadata["dflash.target_layers"]) == [1, 3]  # layer-input ids
+    m2, c2 = load_drafter(str(path), log=io.StringIO())
+    for f in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k", "final_logit_softcapping",
+              "layer_types", "sliding_window", "block_causal", "target_layer_ids", "sample_from_anchor"):
+        assert getattr(c2, f) == getattr(cfg, f), f
+    assert abs(c2.output_multiplier - cfg.output_multiplier) < 1e-6
+    from mlx.utils import tree_flatten
+
+    a, b = dict(tree_flatten(m.parameters())), dict(tree_flatten(m2.parameters()))
+    assert set(a) == set(b) and all(mx.array_equal(a[k], b[k]).item() for k in a)
+
+
+def test_gguf_without_the_selector_key_is_refused_by_name(tmp_path):
+    from test_drafter_formats import rewrite_gguf
+
+    cfg = dflash2_config()
+    src, dst = tmp_path / "a.gguf", tmp_path / "b.gguf"
+    save_drafter(random_dflash2(cfg), cfg, src, "gguf", target=tiny_target("qwen3"))
+    rewrite_gguf(src, dst, drop_keys=("dflash.selector_top_k",))
+    with pytest.raises(MlxspecError) as e:
+        load_drafter(str(dst), log=io.StringIO())
+    msg = str(e.value)
+    assert "no dflash.selector_top_k" in msg and "read as DFlash it would draft without them" in msg
+    assert "selector_successor.weight" in msg and "blk.1.attn_conv_base" in msg

@@ -30,6 +30,7 @@ import numpy as np
 from mlxspec import validate as V
 from mlxspec.drafters.common import (
     RawDrafter,
+    _group,
     claim_tensors,
     model_tensors,
     parse_flag,
@@ -100,10 +101,29 @@ LEGACY_RULES = FeatureRules(
 )
 
 
+# DFlash 2 (llama.cpp PR #27342): the selector's three tensors (the codebooks, raw arrays in
+# z-lab files, are `.weight` tensors here) and each layer's two convolutions, whose base
+# kernels have no `.weight` (ggml {n_embd, kernel, 2} = torch [2, kernel, H]).
+_DFLASH2_TOP = {
+    "candidate_selector.predecessor_codebook": "selector_predecessor.weight",
+    "candidate_selector.successor_codebook": "selector_successor.weight",
+    "candidate_selector.hidden_projection.weight": "selector_hidden.weight",
+}
+_DFLASH2_CONV = {"attention_conv": "attn_conv", "mlp_conv": "ffn_conv"}
+_DFLASH2_CONV_PART = {"base_kernel": "base", "kernel_projection.weight": "proj.weight"}
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
 def gguf_name(model_name: str, fmt: str) -> str:
     """DFlashModel parameter name -> GGUF tensor name for `fmt` (the one name map)."""
     if model_name == "d2t":
         return "d2t"
+    if fmt == "gguf":
+        if model_name in _DFLASH2_TOP:
+            return _DFLASH2_TOP[model_name]
+        m = re.fullmatch(r"layers\.(\d+)\.(attention_conv|mlp_conv)\.(base_kernel|kernel_projection\.weight)", model_name)
+        if m:
+            return f"blk.{m.group(1)}.{_DFLASH2_CONV[m.group(2)]}_{_DFLASH2_CONV_PART[m.group(3)]}"
     base, _, suffix = model_name.rpartition(".")
     m = re.fullmatch(r"layers\.(\d+)\.(.+)", base)
     if m and m.group(2) in _LAYER:
@@ -117,6 +137,15 @@ def model_name(file_name: str, fmt: str) -> str | None:
     """GGUF tensor name -> DFlashModel name, None when the name is not a drafter tensor."""
     if file_name == "d2t":
         return "d2t"
+    if fmt == "gguf":
+        inv = {v: k for k, v in _DFLASH2_TOP.items()}
+        if file_name in inv:
+            return inv[file_name]
+        m = re.fullmatch(r"blk\.(\d+)\.(attn|ffn)_conv_(base|proj\.weight)", file_name)
+        if m:
+            conv = {v: k for k, v in _DFLASH2_CONV.items()}[f"{m.group(2)}_conv"]
+            part = {v: k for k, v in _DFLASH2_CONV_PART.items()}[m.group(3)]
+            return f"layers.{m.group(1)}.{conv}.{part}"
     base, _, suffix = file_name.rpartition(".")
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)", base)
     if m:
@@ -170,10 +199,9 @@ def _unsupported(g: GGUFFile, m: _Meta) -> None:
     path = g.path
     if (m.special("hyper_connection.count") or m.std("hyper_connection.count") or 0) > 0:
         raise MlxspecError(f"{path}: DeepSeek-V4 DSpark backbones (hyper-connections, MoE) are not supported")
-    if (m.special("selector_top_k") or 0) > 0:
-        raise MlxspecError(f"{path}: DFlash2 selector drafters are not supported")
     causal = m.special("attention.causal", m.std("attention.causal"))
-    if causal is not None and parse_flag(causal, f"{m.arch}.attention.causal", path):
+    dflash2 = not m.legacy and m.special("selector_top_k") is not None
+    if causal is not None and parse_flag(causal, f"{m.arch}.attention.causal", path) and not dflash2:
         raise MlxspecError(f"{path}: causal block attention ({m.arch}.attention.causal=true) is not supported")
     if m.special("decoder_arch") is not None:
         raise MlxspecError(f"{path}: decoder_arch {m.special('decoder_arch')!r} drafters are not supported")
@@ -183,6 +211,49 @@ def _unsupported(g: GGUFFile, m: _Meta) -> None:
     ht = m.special("markov_head_type")
     if ht is not None and str(ht).lower() != "vanilla":
         raise MlxspecError(f"{path}: GGUF {ht} Markov heads are not supported (GGUF spells only vanilla heads)")
+
+
+def _dflash2_fields(m: _Meta, shapes: dict, n_layers: int, path: str) -> dict:
+    """DFlash 2 settings of a `dflash` file, {} for DFlash / DSpark. llama.cpp's marker is
+    dflash.selector_top_k > 0; a file carrying the selector / conv tensors without it is
+    refused with each of them named (llama.cpp would run it as DFlash, silently)."""
+    markers = [n for n in shapes if n.startswith("selector_") or re.fullmatch(r"blk\.\d+\.(attn|ffn)_conv_.+", n)]
+    top_k = m.special("selector_top_k")
+    if top_k is None or V.as_int(top_k, "dflash.selector_top_k", path, 0, V.MAX_VOCAB) == 0:
+        if markers:
+            kind = lambda n: "DFlash 2 path selector" if n.startswith("selector_") else "DFlash 2 convolutions"  # noqa: E731
+            raise MlxspecError(
+                f"{path}: {len(markers)} tensors are DFlash 2's but the metadata has no dflash.selector_top_k (the "
+                f"marker llama.cpp reads): {_group(markers, kind, {})}; read as DFlash it would draft without them: "
+                "re-export the drafter with its DFlash 2 metadata"
+            )
+        return {}
+    f = {}
+    for key in DFLASH2_KEYS:
+        v = m.special(key)
+        if v is None:
+            raise MlxspecError(f"{path}: DFlash 2 GGUF (dflash.selector_top_k={top_k}) has no dflash.{key}; the "
+                               "drafter file is incomplete")
+        f[key] = V.as_int(v, f"dflash.{key}", path, 1, V.MAX_VOCAB)
+    f["output_multiplier"] = V.as_float(m.std("logit_scale", 1.0), "dflash.logit_scale", path, 0, 1e6, lo_open=True)
+    cap = m.std("final_logit_softcapping")
+    f["final_logit_softcapping"] = None if cap is None or float(cap) == 0 else V.as_float(
+        cap, "dflash.final_logit_softcapping", path, 0, 1e6, lo_open=True)
+    window = m.std("attention.sliding_window")
+    if window is not None and V.as_int(window, "dflash.attention.sliding_window", path, 0, 1 << 30) > 0:
+        pattern = m.std("attention.sliding_window_pattern", True)
+        pattern = list(pattern) if isinstance(pattern, (list, tuple, np.ndarray)) else [pattern] * n_layers
+        if len(pattern) == 1:
+            pattern = pattern * n_layers
+        if len(pattern) != n_layers:
+            raise MlxspecError(f"{path}: dflash.attention.sliding_window_pattern has {len(pattern)} entries for "
+                               f"{n_layers} layers; the drafter file is corrupt")
+        f["layer_types"] = tuple("sliding_attention" if parse_flag(x, "dflash.attention.sliding_window_pattern", path)
+                                 else "full_attention" for x in pattern)
+        f["sliding_window"] = int(window)
+    causal = m.special("attention.causal", m.std("attention.causal"))
+    f["block_causal"] = False if causal is None else parse_flag(causal, "dflash.attention.causal", path)
+    return f
 
 
 def detect_dflash(g: GGUFFile, path: str) -> bool:
@@ -313,6 +384,7 @@ def read_gguf_drafter(path: str, g: GGUFFile, target_vocab: int | None = None) -
     spec = DrafterSpec(
         **dims,
         **features,
+        **({} if legacy else _dflash2_fields(m, shapes, dims["num_hidden_layers"], path)),
         block_size=block,
         target_layer_ids=taps,
         mask_token_id=V.as_int(mask, "mask_token_id", path, 0, V.MAX_VOCAB),
@@ -373,6 +445,15 @@ def write_gguf_drafter(model, cfg: DrafterConfig, path: str, fmt: str, doubled_p
             raise MlxspecError(f"{path}: the legacy dspark GGUF format cannot hold a reduced vocabulary; write it as gguf")
     elif doubled_prefix:
         raise MlxspecError("save_drafter: doubled_prefix applies only to gguf-dspark-legacy")
+    if cfg.lineage == "dflash2" and fmt != "gguf":
+        raise MlxspecError(f"{path}: the legacy dspark GGUF format cannot hold a DFlash 2 drafter; write it as gguf")
+    causal = cfg.block_causal
+    if cfg.lineage == "dflash2" and causal is None:  # z-lab's "sliding layers are causal": one flag in GGUF
+        kinds = {cfg.is_sliding(i) for i in range(cfg.num_hidden_layers)}
+        if len(kinds) > 1:
+            raise MlxspecError(f"{path}: GGUF has one dflash.attention.causal for all layers; this drafter is causal "
+                               "in its sliding layers only (is_causal absent): write it as zlab")
+        causal = kinds.pop()
 
     arch = "dspark" if fmt == "gguf-dspark-legacy" else "dflash"
     w = gguf.GGUFWriter(path, arch)
@@ -404,6 +485,17 @@ def write_gguf_drafter(model, cfg: DrafterConfig, path: str, fmt: str, doubled_p
     if cfg.confidence_head:
         w.add_bool(sp + "confidence_head_with_markov", bool(cfg.confidence_head_with_markov and cfg.markov_rank))
     w.add_bool(sp + "log_snr_conditioning", bool(cfg.log_snr))
+    if cfg.lineage == "dflash2":
+        for key in DFLASH2_KEYS:
+            w.add_uint32(f"dflash.{key}", int(getattr(cfg, key)))
+        w.add_float32("dflash.logit_scale", float(cfg.output_multiplier))
+        if cfg.final_logit_softcapping:
+            w.add_float32("dflash.final_logit_softcapping", float(cfg.final_logit_softcapping))
+        if cfg.sliding_window and "sliding_attention" in (cfg.layer_types or ()):
+            w.add_uint32("dflash.attention.sliding_window", int(cfg.sliding_window))
+            w.add_array("dflash.attention.sliding_window_pattern",
+                        [cfg.is_sliding(i) for i in range(cfg.num_hidden_layers)])
+        w.add_bool("dflash.attention.causal", bool(causal))
     if cfg.log_snr:
         w.add_float32(sp + "min_log_snr", cfg.min_log_snr)
         w.add_float32(sp + "max_log_snr", cfg.max_log_snr)
