@@ -259,23 +259,30 @@ def block_hidden(model: DFlashModel, taps: mx.array, emb: mx.array, pos: mx.arra
     return model.norm(h)
 
 
-def loss_fn(model: DFlashModel, frozen: dict, b: dict, tc: TrainConfig):
+def block_logits(model: DFlashModel, frozen: dict, b: dict):
+    """Teacher-forced draft logits [S, K, n, V_draft] of the predicting rows of every block
+    (Markov bias conditioned on b["prev"]), their hidden states and the Markov state."""
     c = model.config
-    S = b["taps"].shape[0]
-    K = b["anchors"].shape[1]
     emb = frozen["embed"][b["block_tok"]]  # [S, K, B, H]
     h = block_hidden(model, b["taps"], emb, b["pos"], b["anchors"])
     h = h[:, :, (0 if c.sample_from_anchor else 1):]  # predicting rows [S, K, n, H]
     logits = h @ frozen["head"].T  # [S, K, n, Vd]
-    n = h.shape[2]
-    k = mx.arange(n, dtype=mx.float32)
-    label = b["label"]
-    valid = (label >= 0).astype(mx.float32)
     state = None
     if c.markov_rank:
         state = model.markov_head.state(b["prev"])
         logits = logits + model.markov_head.block_bias(b["prev"], h)
-    logits = logits.astype(mx.float32)
+    return logits.astype(mx.float32), h, state
+
+
+def loss_fn(model: DFlashModel, frozen: dict, b: dict, tc: TrainConfig):
+    c = model.config
+    S = b["taps"].shape[0]
+    B = tc.block_size
+    logits, h, state = block_logits(model, frozen, b)
+    n = h.shape[2]
+    k = mx.arange(n, dtype=mx.float32)
+    label = b["label"]
+    valid = (label >= 0).astype(mx.float32)
     lse = mx.logsumexp(logits, axis=-1)
     if tc.loss == "kl":
         # KL to the target's stored top-k distribution (renormalised over the top-k ids in

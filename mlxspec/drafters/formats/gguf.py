@@ -195,6 +195,23 @@ def _tensor_array(g: GGUFFile, info: TensorInfo):
         )
 
 
+_INT_TYPES = (GGMLType.I8, GGMLType.I16, GGMLType.I32, GGMLType.I64)
+_ID_TYPES = (GGMLType.I32, GGMLType.I64)  # d2t: target token ids (llama.cpp writes I32)
+
+
+def _check_type(g: GGUFFile, info: TensorInfo, mname: str) -> None:
+    """The ggml type a tensor must have, whatever its shape says: ids are integers, weights
+    are float or quantized. A d2t typed F32 over integer bits would otherwise load as floats
+    near zero and map every draft to the wrong token, silently."""
+    t = info.type_id
+    if mname == "d2t" and t not in _ID_TYPES:
+        raise MlxspecError(f"{g.path}: tensor {info.name} has type {type_name(t)}, expected I32 or I64 (target token "
+                           "ids); the drafter file is corrupt, re-export it")
+    if mname != "d2t" and t in _INT_TYPES:
+        raise MlxspecError(f"{g.path}: tensor {info.name} has integer type {type_name(t)}, expected a float or "
+                           "quantized type (F32, F16, BF16, Q8_0, ...); the drafter file is corrupt, re-export it")
+
+
 def _unsupported(g: GGUFFile, m: _Meta) -> None:
     path = g.path
     if (m.special("hyper_connection.count") or m.std("hyper_connection.count") or 0) > 0:
@@ -400,6 +417,10 @@ def read_gguf_drafter(path: str, g: GGUFFile, target_vocab: int | None = None) -
     claimed = claim_tensors(path, spec, shapes, to_model=lambda f: model_name(f, fmt), to_file=tn,
                             notes=notes, extra_claimed=extra_claimed)
     weights = {}
+    for fname, mname in claimed.items():
+        _check_type(g, info_of[fname], mname)
+    if extra_claimed:
+        _check_type(g, info_of["fc.scale"], "fc.scale")
     for fname, mname in claimed.items():
         a = _tensor_array(g, info_of[fname])
         if mname == "d2t":

@@ -1,0 +1,123 @@
+"""Held-out tau in seconds, not minutes: the greedy decode replayed from one drafter pass.
+
+Greedy speculative decoding with full blocks is deterministic: from anchor a the drafter
+proposes its argmax chain, the target accepts the leading drafts that equal its own greedy
+tokens, and the next anchor is a + accepted + 1. Its Markov head conditions each row on the
+previous draft, which equals the target's token whenever that row was accepted, so the
+accepted length at *every* anchor follows from one teacher-forced pass over the target's
+greedy continuation (`trainer.block_logits`). Replaying the anchor walk over those lengths
+gives the tau, acceptance and per-position acceptance `mlxspec.evaluate.evaluate_drafter`
+measures with the engine on the same prompts and token budget, for a fraction of the cost
+(checked against it in tests/test_train.py and the model card).
+
+The continuation store holds the target's greedy answers to the held-out prompts of
+`mlxspec/data/prompts.json` (taps and all), built once per target and taps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from mlxspec.prompts import encode_prompt, load_prompts
+from mlxspec.train.regen import generate_windows
+
+CATEGORIES = ("code", "prose", "chat")
+
+
+def build_heldout(target, tokenizer, taps, out: str | Path, n_per_category: int = 8, max_tokens: int = 64) -> Path:
+    """The target's greedy continuations of the held-out prompts -> out/<category>.npz."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    prompts = load_prompts()
+    for cat in CATEGORIES:
+        f = out / f"{cat}.npz"
+        if f.exists():
+            continue
+        ids = [encode_prompt(tokenizer, cat, p) for p in prompts[cat][:n_per_category]]
+        P = max(len(i) for i in ids)
+        rows = generate_windows(target, ids, taps, P + max_tokens + 1, 0.0, tokenizer.eos_token_ids, 0)
+        np.savez(f, **{k: np.stack([r[k] for r in rows]) for k in ("tokens", "taps", "start", "end")},
+                 max_tokens=max_tokens)
+    return out
+
+
+def _accepted_lengths(model, frozen, tokens: np.ndarray, taps: mx.array, lo: int, hi: int, end: int) -> np.ndarray:
+    """Accepted drafts at every anchor a in [lo, hi) of one greedy continuation whose valid
+    tokens end at `end` (drafts past it are never counted as accepted)."""
+    from mlxspec.train.trainer import block_logits
+
+    c = model.config
+    B = c.block_size
+    first = 0 if c.sample_from_anchor else 1
+    anchors = np.arange(lo, hi)
+    L = len(tokens)
+    pos = anchors[:, None] + np.arange(B)
+    block = np.full((len(anchors), B), c.mask_token_id, np.int32)
+    block[:, 0] = tokens[anchors]
+    q = anchors[:, None] + np.arange(first, B) + (1 if c.sample_from_anchor else 0)  # predicted positions
+    truth = np.where(q < end, tokens[np.minimum(q, L - 1)], -1)
+    prev = tokens[np.minimum(q - 1, L - 1)]
+    b = {"taps": taps[None], "block_tok": mx.array(block[None]), "pos": mx.array(pos[None].astype(np.int32)),
+         "anchors": mx.array(anchors[None].astype(np.int32)), "prev": mx.array(prev[None].astype(np.int32))}
+    logits, _, _ = block_logits(model, frozen, b)
+    pred = np.asarray(mx.argmax(logits, axis=-1))[0]  # [K, n] draft ids
+    ok = (frozen["d_ids"][pred] == truth) & (truth >= 0)
+    return np.cumprod(ok, axis=1).sum(axis=1)
+
+
+def heldout_tau(model, frozen: dict, store: str | Path, categories=CATEGORIES) -> dict:
+    """{category: {tau, acceptance_rate, accepted, drafted, per_position_acceptance}} from the
+    replayed greedy decode of each held-out continuation (module docstring), counted as
+    `engine.loop.SpecStats` counts. frozen = {"embed": target embeddings [V, H], "head": the
+    head's rows at the draft ids, "d_ids": the draft ids (numpy)}."""
+    from mlxspec.train.data import taps_from_store
+
+    c = model.config
+    n_drafts = c.block_size - (0 if c.sample_from_anchor else 1)
+    res = {}
+    for cat in categories:
+        z = np.load(Path(store) / f"{cat}.npz")
+        budget = int(z["max_tokens"])
+        steps = made_all = accepted = drafted = 0
+        hits, tries = np.zeros(n_drafts), np.zeros(n_drafts)
+        for w in range(len(z["tokens"])):
+            tokens, start, end = z["tokens"][w], int(z["start"][w]), int(z["end"][w])
+            hi = min(end, start + budget)
+            n_acc = _accepted_lengths(model, frozen, tokens, taps_from_store(z["taps"][w]), start, hi, end)
+            made, a = 1, start  # the prefill's token (at `start`) is the first anchor
+            while made < budget and a + 1 < end:
+                n_d = min(n_drafts, budget - made - 1)
+                acc = min(int(n_acc[a - start]), n_d)
+                steps += 1
+                drafted += n_d
+                accepted += acc
+                tries[:n_d] += 1
+                hits[:acc] += 1
+                step = min(acc + 1, end - (a + 1), budget - made)  # stop after EOS / at max_tokens
+                made += step
+                a += step
+            made_all += made - 1
+        res[cat] = {"tau": made_all / steps if steps else 1.0, "acceptance_rate": accepted / max(drafted, 1),
+                    "accepted": accepted, "drafted": drafted,
+                    "per_position_acceptance": (hits / np.maximum(tries, 1)).tolist(),
+                    "prompts": int(len(z["tokens"])), "max_tokens": budget}
+    return res
+
+
+def frozen_for(target, model) -> dict:
+    """The target's embeddings and head rows a drafter borrows, for `heldout_tau`."""
+    from mlxspec.targets.model import target_head_rows
+
+    V = target.info.vocab_size
+    c = model.config
+    if c.draft_vocab_size:
+        d_ids = (np.asarray(model.d2t) + np.arange(c.draft_vocab_size)).astype(np.int64)
+    else:
+        d_ids = np.arange(V)
+    head = model.lm_head.weight.astype(mx.float32) if "lm_head" in model else target_head_rows(target, None)[mx.array(d_ids)]
+    f = {"embed": target.embed(mx.arange(V)).astype(mx.float32), "head": head, "d_ids": d_ids}
+    mx.eval(f["embed"], f["head"])
+    return f
