@@ -324,3 +324,30 @@ def test_gguf_without_the_selector_key_is_refused_by_name(tmp_path):
     msg = str(e.value)
     assert "no dflash.selector_top_k" in msg and "read as DFlash it would draft without them" in msg
     assert "selector_successor.weight" in msg and "blk.1.attn_conv_base" in msg
+
+
+# ----------------------------------------------------------------------------- speculators
+
+def test_speculators_dflash2_round_trip(tmp_path):
+    """speculators 0.9.0's DFlash2SpeculatorConfig: its keys, no multiplier or softcap."""
+    cfg = dflash2_config(output_multiplier=1.0, final_logit_softcapping=None)
+    m = random_dflash2(cfg)
+    path = tmp_path / "s"
+    save_drafter(m, cfg, path, "speculators", target=tiny_target("qwen3"))
+    c = json.loads((path / "config.json").read_text())
+    assert c["speculators_model_type"] == "dflash2" and c["architectures"] == ["DFlash2DraftModel"]
+    assert (c["selector_top_k"], c["selector_rank"], c["conv_kernel_size"], c["conv_group_size"]) == (8, 16, 2, 8)
+    assert c["sliding_window_non_causal"] is True and c["transformer_layer_config"]["sliding_window"] == 8
+    m2, c2 = load_drafter(str(path), log=io.StringIO())
+    assert c2.lineage == "dflash2" and c2.layer_types == cfg.layer_types and c2.block_causal is False
+    from mlx.utils import tree_flatten
+
+    a, b = dict(tree_flatten(m.parameters())), dict(tree_flatten(m2.parameters()))
+    assert set(a) == set(b) and all(mx.array_equal(a[k], b[k]).item() for k in a)
+    with pytest.raises(MlxspecError, match="output multiplier or softcap"):
+        save_drafter(m, dflash2_config(), tmp_path / "t", "speculators", target=tiny_target("qwen3"))
+    # the same tensors declared as speculators dflash are refused by name
+    c["speculators_model_type"] = "dflash"
+    (path / "config.json").write_text(json.dumps(c))
+    with pytest.raises(MlxspecError, match="tensors are DFlash 2's.*candidate_selector.successor_codebook"):
+        load_drafter(str(path), log=io.StringIO())

@@ -45,7 +45,7 @@ def resolve_layout(fmt: str, lineage: str, file_value: bool | None, key: str = "
     | deepspec            | true: DeepSpec `Qwen3DSparkModel` drafts anchor-first, also  |
     |                     | its plain-DFlash baselines saved with markov_rank 0          |
     | speculators dspark  | true: DSparkSpeculatorConfig's default (DeepSpec convention) |
-    | speculators dflash  | false: DFlash default (bonus anchor)                         |
+    | speculators dflash  | false: DFlash default (bonus anchor); also dflash2           |
     | gguf (dflash arch)  | dspark lineage -> true, dflash lineage -> false (below)      |
     | gguf-dspark-legacy  | true: PrismML's legacy dspark drafter is anchor-first only   |
 
@@ -70,8 +70,8 @@ def resolve_layout(fmt: str, lineage: str, file_value: bool | None, key: str = "
         )
     if fmt == "speculators-dspark":
         return True, "convention:speculators-dspark", "no sample_from_anchor key; speculators dspark default is true"
-    if fmt == "speculators-dflash":
-        return False, "convention:speculators-dflash", "no sample_from_anchor key; speculators dflash default is false"
+    if fmt in ("speculators-dflash", "speculators-dflash2"):
+        return False, f"convention:{fmt}", f"no sample_from_anchor key; {fmt.replace('-', ' ')} default is false"
     if fmt == "gguf":
         if lineage == "dspark":
             return True, "convention:gguf-dspark", (

@@ -236,6 +236,20 @@ def dflash2_markers(shapes) -> list[str]:
             if n.startswith("candidate_selector.") or re.fullmatch(r"layers\.\d+\.(attention|mlp)_conv\..+", n)]
 
 
+def refuse_dflash2_markers(path: str, shapes, declared: bool, described: str) -> None:
+    """A file with DFlash 2's tensors whose config describes another drafter is refused with
+    each such tensor named: read as that drafter it would draft without them, silently."""
+    markers = dflash2_markers(shapes)
+    if markers and not declared:
+        from mlxspec.drafters.common import _group, feature_of
+
+        raise MlxspecError(
+            f"{path}: {len(markers)} tensors are DFlash 2's, not claimed by the drafter its config.json describes "
+            f"({described}): {_group(markers, feature_of, {})}; read as DFlash it would draft without them: use "
+            "the drafter's DFlash 2 config.json"
+        )
+
+
 def backbone_config(cfg: DrafterConfig) -> dict:
     return {
         "model_type": "qwen3",

@@ -1,8 +1,11 @@
-"""vLLM speculators directories: `speculators_model_type` dspark or dflash.
+"""vLLM speculators directories: `speculators_model_type` dspark, dflash or dflash2.
 
 The backbone lives in `transformer_layer_config`; taps are `aux_hidden_state_layer_ids`
 (hidden_states indices, i.e. tap id + 1); explicit `sample_from_anchor`; any Markov head
 type; an optional reduced draft vocabulary (`d2t`, with `t2d` claimed but unused). No log-SNR.
+dflash2 (speculators 0.9.0 `DFlash2SpeculatorConfig`): conv_kernel_size, conv_group_size,
+selector_rank, selector_top_k at the top level, sliding layers in transformer_layer_config,
+`sliding_window_non_causal` (default true); no output multiplier or softcap (1.0 / none).
 """
 
 from __future__ import annotations
@@ -24,14 +27,20 @@ def detect(config: dict, path: str) -> bool:
     if "speculators_model_type" not in config:
         return False
     kind = config["speculators_model_type"]
-    if kind not in ("dspark", "dflash"):
-        raise MlxspecError(f"{path}: speculators_model_type {kind!r} is not a block drafter (dspark or dflash)")
+    if kind not in ("dspark", "dflash", "dflash2"):
+        raise MlxspecError(f"{path}: speculators_model_type {kind!r} is not a block drafter (dspark, dflash or "
+                           "dflash2)")
     return True
 
 
-def header(config: dict, path: str):
+DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+
+
+def header(config: dict, path: str, shapes: dict | None = None):
     base = config.get("transformer_layer_config") or {}
-    dims = hf.backbone(base, path)
+    v2 = config["speculators_model_type"] == "dflash2"
+    hf.refuse_dflash2_markers(path, shapes or {}, v2, f"speculators_model_type {config['speculators_model_type']}")
+    dims = hf.backbone(base, path, dflash2=v2)
     theta = hf.rope_theta(base, path, hf.QWEN3_DEFAULTS["rope_theta"])
     extra = {"speculators_model_type": config["speculators_model_type"],
              "verifier": (config.get("speculators_config") or {}).get("verifier")}
@@ -48,6 +57,19 @@ def header(config: dict, path: str):
             "drafters with a separate target width are not supported"
         )
     fields = dict(**dims, rope_theta=theta, block_size=block, target_layer_ids=taps, mask_token_id=mask)
+    if v2:
+        for k in DFLASH2_KEYS:
+            fields[k] = V.get_int(config, k, path, 1, V.MAX_VOCAB, default={"conv_kernel_size": 2,
+                                  "conv_group_size": 16, "selector_rank": 256, "selector_top_k": 16}[k],
+                                  integral_float=True, fix=hf.FIX)
+        lt = base.get("layer_types")
+        if lt:
+            fields["layer_types"] = tuple(lt)
+            if "sliding_attention" in lt:
+                fields["sliding_window"] = V.get_int(base, "sliding_window", path, 1, 1 << 30, integral_float=True,
+                                                     fix=hf.FIX)
+        nc = hf.parse_flag(config.get("sliding_window_non_causal", True), "sliding_window_non_causal", path)
+        fields["block_causal"] = False if nc else None  # false: causal inside the sliding layers' blocks
     return fields, "sample_from_anchor", config.get("sample_from_anchor"), extra
 
 
@@ -66,7 +88,7 @@ def extra_claimed(fields: dict, shapes: dict) -> dict:
 
 
 def read(path: str, config: dict, target_vocab: int | None = None) -> RawDrafter:
-    return hf.read_dir(path, config, "speculators", header, RULES, extra_claimed)
+    return hf.read_dir(path, config, "speculators", header, RULES, extra_claimed, header_shapes=True)
 
 
 def write(model, cfg: DrafterConfig, path: str, target=None, **options) -> None:
@@ -75,12 +97,22 @@ def write(model, cfg: DrafterConfig, path: str, target=None, **options) -> None:
     hf.no_options(options, "speculators")
     hf.refuse_log_snr(cfg, path, "speculators")
     facts = hf.target_facts(cfg, target, path, "speculators")
-    kind = "dspark" if cfg.markov_rank else "dflash"
+    kind = cfg.lineage
+    if kind == "dflash2":
+        if cfg.output_multiplier != 1.0 or cfg.final_logit_softcapping:
+            hf.refuse(path, "speculators", "a DFlash 2 output multiplier or softcap (speculators 0.9.0 has neither)",
+                      "zlab or gguf")
+        if cfg.block_causal and any(not cfg.is_sliding(i) for i in range(cfg.num_hidden_layers)):
+            hf.refuse(path, "speculators", "causal blocks in full-attention layers", "zlab or gguf")
+    layer_types = list(cfg.layer_types or ["full_attention"] * cfg.num_hidden_layers)
     config = {
         "speculators_model_type": kind,
-        "architectures": ["DSparkSpeculator" if kind == "dspark" else "DFlashSpeculator"],
+        "architectures": [{"dspark": "DSparkSpeculator", "dflash": "DFlashSpeculator",
+                           "dflash2": "DFlash2DraftModel"}[kind]],
         "transformer_layer_config": {
             **hf.backbone_config(cfg), "rope_parameters": {"rope_theta": cfg.rope_theta, "rope_type": "default"},
+            "layer_types": layer_types,
+            **({"sliding_window": cfg.sliding_window} if "sliding_attention" in layer_types else {}),
         },
         "aux_hidden_state_layer_ids": [int(t) + 1 for t in cfg.target_layer_ids],
         "block_size": cfg.block_size,
@@ -99,6 +131,9 @@ def write(model, cfg: DrafterConfig, path: str, target=None, **options) -> None:
             "verifier": facts["verifier"],
         },
     }
+    if kind == "dflash2":
+        config.update({k: int(getattr(cfg, k)) for k in DFLASH2_KEYS})
+        config["sliding_window_non_causal"] = not cfg.block_causal and cfg.block_causal is not None
     head = {}
     if cfg.draft_vocab_size and not cfg.has_lm_head:
         # float32 rows: the very rows a borrowing reader uses (identical drafts either way)

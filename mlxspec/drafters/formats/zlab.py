@@ -15,7 +15,7 @@ with every such tensor named (read as DFlash it would draft without them, silent
 from __future__ import annotations
 
 from mlxspec import validate as V
-from mlxspec.drafters.common import RawDrafter, _group, feature_of
+from mlxspec.drafters.common import RawDrafter
 from mlxspec.drafters.config import DrafterConfig
 from mlxspec.drafters.formats import hf
 from mlxspec.errors import MlxspecError
@@ -63,15 +63,9 @@ def dflash2_fields(config: dict, path: str) -> dict:
 
 
 def header(config: dict, path: str, shapes: dict | None = None):
-    markers = hf.dflash2_markers(shapes or {})
     v2 = declares_dflash2(config)
-    if markers and not v2:
-        raise MlxspecError(
-            f"{path}: {len(markers)} tensors are DFlash 2's, not claimed by the DFlash drafter config.json "
-            f"describes (architectures {hf.architectures(config)}, no dflash_config.selector_top_k): "
-            f"{_group(markers, feature_of, {})}; read as DFlash it would draft without them: use the drafter's "
-            "DFlash 2 config.json (DFlash2DraftModel)"
-        )
+    hf.refuse_dflash2_markers(path, shapes or {}, v2, f"architectures {hf.architectures(config)}, no "
+                              "dflash_config.selector_top_k")
     dims = hf.backbone(config, path, dflash2=v2)
     theta = hf.rope_theta(config, path, hf.QWEN3_DEFAULTS["rope_theta"])
     dc = config.get("dflash_config") or {}
