@@ -18,7 +18,7 @@ from mlxspec.drafters.common import expected_shapes
 from mlxspec.drafters.dflash2 import window_mask
 from mlxspec.drafters.formats import zlab
 from mlxspec.drafters.load import load_drafter, save_drafter
-from mlxspec.drafters.model import make_model
+from mlxspec.drafters.build import make_model
 from mlxspec.engine.drafting import BlockDrafter
 from mlxspec.engine.loop import SpecStats
 from mlxspec.engine.ngram import LookupBlockDrafter

@@ -37,7 +37,7 @@ from mlxspec import kernels
 from mlxspec.drafters.config import DrafterConfig
 from mlxspec.drafters.dflash2 import top_candidates
 from mlxspec.drafters.load import load_drafter, save_drafter
-from mlxspec.drafters.model import make_model
+from mlxspec.drafters.build import make_model
 from mlxspec.engine.drafting import BlockDrafter
 from mlxspec.engine.verify import SamplingParams
 from mlxspec.targets.model import target_head_rows

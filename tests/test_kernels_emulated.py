@@ -14,6 +14,7 @@ import pytest
 from metal_shim.emulator import Emulator, EmulatorError
 from mlxspec.kernels import lowbit as klowbit
 from mlxspec.kernels import markov as kmarkov
+from mlxspec.kernels import selector as kselector
 from mlxspec.kernels._launch import KernelSpec
 from mlxspec.gguf import quants as L
 
@@ -30,6 +31,9 @@ N = 27  # not a multiple of the rows per threadgroup: exercises the tail
 MARKOV_CASES = [(5, 300, 64, 0.0, mx.float32, mx.float32, 1024), (4, 1000, 32, 0.8, mx.float16, mx.float32, 2),
                 (3, 200, 64, 1.3, mx.bfloat16, mx.float16, 1024)]
 
+# DFlash 2 selector chain: (n, k, R, V, T, hp dtype, codebook dtype)
+SELECTOR_CASES = [(7, 16, 64, 300, 0.0, mx.float32, mx.float32), (5, 8, 40, 100, 0.9, mx.float16, mx.bfloat16),
+                  (3, 32, 256, 500, 1.5, mx.float32, mx.float16), (15, 1, 16, 50, 0.0, mx.bfloat16, mx.float32)]
 LOWBIT_TOL = dict(rtol=1e-4, atol=1e-4)  # relative to max |y| (float32 sums in another order)
 LOWBIT_TOL_HALF = dict(rtol=1e-2, atol=1e-2)  # the output is rounded to x's 16-bit dtype
 PROB_TOL = dict(rtol=1e-5, atol=1e-6)
@@ -73,6 +77,29 @@ def run_markov(run, case, key=None, patch=None):
     return got, want
 
 
+def selector_inputs(n, k, R, V, hp_dtype, cb_dtype, seed=0):
+    rng = np.random.default_rng(seed + n + k + R)
+    ids = mx.array(np.stack([rng.choice(V, k, replace=False) for _ in range(n)]).astype(np.int32))
+    unary = mx.array(np.sort(rng.standard_normal((n, k)).astype(np.float32), axis=1)[:, ::-1].copy())
+    hp = mx.array(rng.standard_normal((n, R)).astype(np.float32) * 0.5).astype(hp_dtype)
+    pred = mx.array(rng.standard_normal((V, R)).astype(np.float32) * 0.3).astype(cb_dtype)
+    succ = mx.array(rng.standard_normal((V, R)).astype(np.float32) * 0.3).astype(cb_dtype)
+    return unary, ids, hp, pred, succ
+
+
+def run_selector(run, case, spec=None):
+    n, k, R, V, T, hd, cd = case
+    inputs = selector_inputs(n, k, R, V, hd, cd)
+    key = 1234 + n if T > 0 else None
+
+    def run_patched(s, ins, launch):
+        return run(spec or s, ins, launch)
+
+    got = kselector.select_chain_kernel(*inputs, 11, T, key, run_patched)
+    want = kselector.select_chain(*inputs, 11, T, key)
+    return got, want
+
+
 @pytest.fixture(scope="module", params=LANGUAGES)
 def emulator(request):
     """One emulator per language, with every variant these tests launch compiled up front."""
@@ -82,6 +109,8 @@ def emulator(request):
         items += emu.record(lambda run, case=case: run_lowbit(run, case))
     for case in MARKOV_CASES:
         items += emu.record(lambda run, case=case: run_markov(run, case))
+    for case in SELECTOR_CASES:
+        items += emu.record(lambda run, case=case: run_selector(run, case))
     emu.prepare(items)
     return emu
 
@@ -103,6 +132,23 @@ def test_markov_chain_matches_reference(emulator, case):
     (toks, probs), (want_t, want_p) = run_markov(emulator.run, case)
     assert toks.tolist() == want_t.tolist()
     np.testing.assert_allclose(np.array(probs), np.array(want_p), **PROB_TOL)
+
+
+@pytest.mark.parametrize("case", SELECTOR_CASES, ids=lambda c: f"n{c[0]}-k{c[1]}-R{c[2]}-V{c[3]}-T{c[4]}-{c[5]}-{c[6]}")
+def test_selector_chain_matches_reference(emulator, case):
+    (toks, picks, scores), (want_t, want_p, want_s) = run_selector(emulator.run, case)
+    assert toks.tolist() == want_t.tolist() and picks.tolist() == want_p.tolist()
+    np.testing.assert_allclose(np.array(scores), np.array(want_s), rtol=1e-5, atol=1e-5)
+
+
+def test_selector_chain_broken_variant_is_caught():
+    """Conditioning on the anchor at every step (a chain that never moves on) fails."""
+    emu = Emulator("metal")
+    spec = patched(kselector.CHAIN, "tg_prev[0] = clamp(tok, 0, int(V) - 1);", "")
+    items = emu.record(lambda run: run_selector(run, SELECTOR_CASES[0], spec))
+    emu.prepare(items)
+    (toks, _, scores), (want_t, _, want_s) = run_selector(emu.run, SELECTOR_CASES[0], spec)
+    assert toks.tolist() != want_t.tolist() or not np.allclose(np.array(scores), np.array(want_s), atol=1e-5)
 
 
 # ---- the checks can fail: deliberately broken variants are caught ----
@@ -216,7 +262,7 @@ def test_kernel_sources_stay_in_the_shared_subset():
 
     forbidden = [r"\bstd::", r"\bauto\b", r"if\s+constexpr", r"\[[&=]\]", r"\b(float|half|int|uint)[234]\b",
                  r"\batomic", r"\bprintf\b"]
-    for spec in (klowbit.SPEC, kmarkov.STEP, kmarkov.FINISH):
+    for spec in (klowbit.SPEC, kmarkov.STEP, kmarkov.FINISH, kselector.CHAIN):
         for language in LANGUAGES:
             text = "".join(spec.source(language))
             code = re.sub(r"//[^\n]*", "", text)

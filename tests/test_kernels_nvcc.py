@@ -10,6 +10,7 @@ import pytest
 from metal_shim.emulator import EmulatorError, nvcc_compile
 from mlxspec.kernels import lowbit as klowbit
 from mlxspec.kernels import markov as kmarkov
+from mlxspec.kernels import selector as kselector
 from mlxspec.gguf import quants as L
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not on PATH")
@@ -39,6 +40,16 @@ def test_markov_kernels_compile():
     nvcc_compile(kmarkov.STEP, steps)
     finish = [mx.zeros((B, 3), mx.int32), mx.zeros((B, 3, 4)), mx.zeros((2,), mx.uint32)]
     nvcc_compile(kmarkov.FINISH, [(finish, kmarkov.plan_finish(B, 3))])
+
+
+def test_selector_chain_compiles():
+    n, R, V = 7, 256, 100
+    variants = []
+    for k, hp_dtype, cb_dtype in ((16, mx.float32, mx.float32), (8, mx.float16, mx.bfloat16), (32, mx.bfloat16, mx.float16)):
+        inputs = [mx.zeros((n, k)), mx.zeros((n, k), mx.int32), mx.zeros((n, R), hp_dtype), mx.zeros((V, R), cb_dtype),
+                  mx.zeros((V, R), cb_dtype), mx.zeros((7,), mx.uint32), mx.zeros((1,))]
+        variants.append((inputs, kselector.plan(n, k, R)))
+    nvcc_compile(kselector.CHAIN, variants)
 
 
 def test_nvcc_check_can_fail():

@@ -13,7 +13,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from mlxspec.drafters.config import DrafterSpec
-from mlxspec.drafters.model import DFlashModel, make_model
+from mlxspec.drafters.build import make_model
+from mlxspec.drafters.model import DFlashModel
 from mlxspec.errors import MlxspecError
 
 # Tensors a file may omit: a bias-free confidence head is a zero bias (llama.cpp marks

@@ -22,7 +22,8 @@ import numpy as np
 from mlxspec.drafters.common import OPTIONAL_ZERO, RawDrafter, expected_shapes
 from mlxspec.drafters.config import DrafterConfig
 from mlxspec.drafters.formats import FORMATS, read_drafter
-from mlxspec.drafters.model import DFlashModel, make_model
+from mlxspec.drafters.build import make_model
+from mlxspec.drafters.model import DFlashModel
 from mlxspec.errors import MlxspecError
 from mlxspec.hub import resolve
 from mlxspec.targets.model import TargetInfo

@@ -244,11 +244,3 @@ class DFlashModel(nn.Module):
             h = layer(h, block_pos, k, v, mask)
         return self.norm(h)
 
-
-def make_model(c: DrafterConfig) -> DFlashModel:
-    """The module for a config: DFlash2Model for the dflash2 lineage, else DFlashModel."""
-    if c.lineage == "dflash2":
-        from mlxspec.drafters.dflash2 import DFlash2Model
-
-        return DFlash2Model(c)
-    return DFlashModel(c)
