@@ -97,6 +97,7 @@ def _load_dir(p: Path):
         raise MlxspecError(f"{p}: no .safetensors weights found; convert the checkpoint to safetensors")
     for st in sorted(p.glob("*.safetensors")):
         V.check_safetensors(st)  # header, offsets and sizes, before mx.load trusts them
+    _check_shapes(p, config, cfg_path)
     try:
         model, config = load_model(p)
     except (ValueError, FileNotFoundError, RuntimeError, OSError, TypeError, KeyError, AttributeError) as e:
@@ -109,3 +110,45 @@ def _load_dir(p: Path):
     V.require_regular_file(p / "tokenizer.json", "tokenizer.json")
     tok = load_hf_tokenizer(p)
     return model, config, tok, []
+
+
+_DIM_KEYS = ("hidden_size", "intermediate_size", "vocab_size", "num_attention_heads", "num_key_value_heads",
+             "head_dim", "moe_intermediate_size")
+
+
+def _check_shapes(p: Path, config: dict, cfg_path: Path) -> None:
+    """config.json against the weights' shapes (safetensors headers; nothing is read), before
+    mlx-lm builds the model: a hidden_size that disagrees with the weights otherwise surfaces
+    as MLX's quantize group-size text, which names neither. Quantized tensors are compared
+    by the dense shape their packing stands for."""
+    from mlx.utils import tree_flatten
+    from safetensors import safe_open
+
+    shapes = {}
+    for st in sorted(p.glob("*.safetensors")):
+        with safe_open(st, framework="numpy") as f:
+            shapes.update({k: (tuple(f.get_slice(k).get_shape()), st.name) for k in f.keys()})
+    try:
+        model_class, args_class = model_classes(config)
+        want = dict(tree_flatten(model_class(args_class.from_dict(config)).parameters()))
+    except Exception:  # noqa: BLE001 - mlx-lm's loader reports a config it cannot build
+        return
+    q = config.get("quantization") or config.get("quantization_config") or {}
+    for name, param in want.items():
+        if name not in shapes:
+            continue
+        got, file = shapes[name]
+        mod = name.rsplit(".", 1)[0]
+        if name.endswith(".weight") and f"{mod}.scales" in shapes:  # packed: uint32 words of `bits` bits
+            bits = (q.get(mod) if isinstance(q.get(mod), dict) else q).get("bits")
+            if not isinstance(bits, int) or bits <= 0:
+                continue
+            got = got[:-1] + (got[-1] * 32 // bits,)
+        exp = tuple(param.shape)
+        if got != exp:
+            keys = [f"{k} {config[k]}" for k in _DIM_KEYS
+                    if any(config.get(k) == e for g, e in zip(got, exp) if g != e)]
+            raise MlxspecError(
+                f"{cfg_path}: config.json does not match the weights: tensor {name} in {file} is {list(got)}, "
+                f"config.json makes it {list(exp)}{' (' + ', '.join(keys) + ')' if keys else ''}; fix config.json "
+                "or use the weights it came with")

@@ -9,22 +9,32 @@ from __future__ import annotations
 
 from mlxspec.drafters.common import RawDrafter
 from mlxspec.drafters.config import DrafterConfig
-from mlxspec.drafters.formats import hf
+from mlxspec.drafters.formats import hf, speculators
+from mlxspec.errors import MlxspecError
 
 RULES = hf.hf_rules("deepspec", from_tensors=False, reduced_vocab=False)
 
 
 def detect(config: dict, path: str) -> bool:
-    return ("speculators_model_type" not in config
+    return ("speculators_model_type" not in config and speculators.looks_like(config) is None
             and any("dspark" in a.lower() for a in hf.architectures(config)))
+
+
+def _need(config: dict, key: str, path: str):
+    """A required key; the message says why the directory was read as DeepSpec's."""
+    if config.get(key) is None:
+        archs = [a for a in hf.architectures(config) if "dspark" in a.lower()]
+        raise MlxspecError(f"{path}: config.json has no {key} (read as a DeepSpec DSpark directory: architectures "
+                           f"{archs}, no speculators_model_type); the drafter config is incomplete")
+    return config[key]
 
 
 def header(config: dict, path: str):
     dims = hf.backbone(config, path)
     theta = hf.rope_theta(config, path, hf.QWEN3_DEFAULTS["rope_theta"])
-    taps = hf.need(config, "target_layer_ids", "", path)
-    mask = hf.need(config, "mask_token_id", "", path)
-    block = hf.need(config, "block_size", "", path)
+    taps = _need(config, "target_layer_ids", path)
+    mask = _need(config, "mask_token_id", path)
+    block = _need(config, "block_size", path)
     extra = {"num_target_layers": config.get("num_target_layers"), "num_anchors": config.get("num_anchors")}
     return (dict(**dims, rope_theta=theta, **hf.taps_mask_block(taps, mask, block, path)), "sample_from_anchor",
             config.get("sample_from_anchor"), extra)

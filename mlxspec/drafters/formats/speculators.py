@@ -23,8 +23,20 @@ from mlxspec.targets.model import target_head_rows
 RULES = hf.hf_rules("speculators", from_tensors=True, reduced_vocab=True)
 
 
+def looks_like(config: dict) -> str | None:
+    """Why a config.json without speculators_model_type still reads as vLLM speculators', or None."""
+    why = [k for k in ("speculators_config", "transformer_layer_config") if k in config]
+    why += [f"architectures {a!r}" for a in hf.architectures(config) if a.endswith("Speculator")]
+    return ", ".join(why) or None
+
+
 def detect(config: dict, path: str) -> bool:
     if "speculators_model_type" not in config:
+        why = looks_like(config)
+        if why:  # not a DeepSpec or z-lab directory with a missing key: say what it is
+            raise MlxspecError(f"{path}: config.json is a vLLM speculators drafter ({why}) but has no "
+                               "speculators_model_type; add \"speculators_model_type\": \"dspark\" (Markov head), "
+                               "\"dflash\" or \"dflash2\"")
         return False
     kind = config["speculators_model_type"]
     if kind not in ("dspark", "dflash", "dflash2"):
@@ -37,7 +49,10 @@ DFLASH2_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selecto
 
 
 def header(config: dict, path: str, shapes: dict | None = None):
-    base = config.get("transformer_layer_config") or {}
+    if "transformer_layer_config" not in config:  # else Qwen3's defaults (hidden 4096) would stand in
+        raise MlxspecError(f"{path}: config.json has no transformer_layer_config (the drafter's layer sizes: "
+                           "hidden_size, heads, ...); the drafter config is incomplete, export it again")
+    base = config["transformer_layer_config"]
     v2 = config["speculators_model_type"] == "dflash2"
     hf.refuse_dflash2_markers(path, shapes or {}, v2, f"speculators_model_type {config['speculators_model_type']}")
     dims = hf.backbone(base, path, dflash2=v2)
@@ -52,8 +67,10 @@ def header(config: dict, path: str, shapes: dict | None = None):
     block = V.get_int(config, "block_size", path, 1, V.MAX_BLOCK, default=8, integral_float=True, fix=hf.FIX)
     th = config.get("target_hidden_size")
     if th is not None and int(th) != dims["hidden_size"]:
+        said = "" if isinstance(base, dict) and "hidden_size" in base else \
+            " (transformer_layer_config names none: Qwen3's default)"
         raise MlxspecError(
-            f"{path}: target_hidden_size {th} differs from the drafter hidden size {dims['hidden_size']}; "
+            f"{path}: target_hidden_size {th} differs from the drafter hidden size {dims['hidden_size']}{said}; "
             "drafters with a separate target width are not supported"
         )
     fields = dict(**dims, rope_theta=theta, block_size=block, target_layer_ids=taps, mask_token_id=mask)
