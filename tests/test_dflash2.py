@@ -351,3 +351,14 @@ def test_speculators_dflash2_round_trip(tmp_path):
     (path / "config.json").write_text(json.dumps(c))
     with pytest.raises(MlxspecError, match="tensors are DFlash 2's.*candidate_selector.successor_codebook"):
         load_drafter(str(path), log=io.StringIO())
+
+
+# ----------------------------------------------------------------------------- registry
+
+def test_draft_auto_knows_the_published_dflash2_drafter():
+    from mlxspec.drafters.registry import describe, lookup
+
+    for target in ("Qwen/Qwen3.8-27B", "mlx-community/Qwen3.8-27B-4bit", "unsloth/Qwen3.8-27B-Q4_K_M.gguf"):
+        e = lookup(target)
+        assert e["drafter"] == "z-lab/Qwen3.8-27B-DFlash2" and e["lineage"] == "dflash2", target
+    assert describe("Qwen/Qwen3.8-27B").startswith("z-lab/Qwen3.8-27B-DFlash2 (dflash2, z-lab; registry v3)")
