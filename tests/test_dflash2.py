@@ -362,3 +362,25 @@ def test_draft_auto_knows_the_published_dflash2_drafter():
         e = lookup(target)
         assert e["drafter"] == "z-lab/Qwen3.8-27B-DFlash2" and e["lineage"] == "dflash2", target
     assert describe("Qwen/Qwen3.8-27B").startswith("z-lab/Qwen3.8-27B-DFlash2 (dflash2, z-lab; registry v3)")
+
+
+def test_packed_blocks_equal_separate_drafts():
+    """The trainer's shape: two blocks packed in one row (block_size keeps the convs apart, the
+    mask keeps the attention apart) give each block's drafting-path hidden states."""
+    cfg = dflash2_config(sliding_window=6)
+    m = random_dflash2(cfg, seed=5)
+    rng = np.random.default_rng(0)
+    L = 12
+    kv = m.layer_context_kv(m.context(mx.array(rng.standard_normal((1, L, 64)), dtype=mx.float32)),
+                            mx.arange(L)[None])
+    anchors = [5, 9]
+    emb = mx.array(rng.standard_normal((1, 8, 32)), dtype=mx.float32)
+    pos = mx.array([[a + j for a in anchors for j in range(4)]])
+    vis_ctx = np.arange(L)[None, :] < np.repeat(anchors, 4)[:, None]
+    same = np.repeat(np.arange(2), 4)
+    mask = mx.array(np.concatenate([vis_ctx, same[:, None] == same[None, :]], axis=1)[None, None])
+    packed = m.hidden(emb, pos, kv, mask=mask, block_size=4)[0]
+    for i, a in enumerate(anchors):
+        sub = [(k[:, :, :a], v[:, :, :a]) for k, v in kv]
+        one = m.hidden(emb[:, 4 * i : 4 * i + 4], mx.arange(a, a + 4)[None], sub, anchor_pos=a)[0]
+        np.testing.assert_allclose(np.asarray(packed[4 * i : 4 * i + 4]), np.asarray(one), rtol=1e-5, atol=1e-5)

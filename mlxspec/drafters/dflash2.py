@@ -67,11 +67,14 @@ class DFlash2Layer(DraftLayer):
         self.mlp_conv = DynamicConv(c)
 
     def __call__(self, x, pos, ctx_k, ctx_v, mask=None, block=None):
-        block = block or x.shape[-2]
+        return self.run(x, lambda y: self.self_attn(y, pos, ctx_k, ctx_v, mask), block or x.shape[-2])
+
+    def run(self, x, attend, block: int):
+        """The layer with any attention: attend(y) -> self_attn's output for the convolved,
+        normed rows y (a trainer passes its own packed-block attention here)."""
         n = self.input_layernorm(x)
         d = self.attention_conv.coefficients(n)
-        a = self.self_attn(self.attention_conv(n, d, 0, block), pos, ctx_k, ctx_v, mask)
-        x = x + self.attention_conv(a, d, 1, block)
+        x = x + self.attention_conv(attend(self.attention_conv(n, d, 0, block)), d, 1, block)
         n = self.post_attention_layernorm(x)
         d = self.mlp_conv.coefficients(n)
         return x + self.mlp_conv(self.mlp(self.mlp_conv(n, d, 0, block)), d, 1, block)
