@@ -20,7 +20,7 @@ from typing import Iterator
 import mlx.core as mx
 
 from mlxspec.drafters.load import load_drafter
-from mlxspec.drafters.registry import describe, lookup
+from mlxspec.drafters.registry import describe, identify, lookup
 from mlxspec.engine.drafting import BlockDrafter, NoDrafter, SimpleDrafter
 from mlxspec.engine.loop import SpecStats, generate_steps
 from mlxspec.engine.ngram import LookupBlockDrafter, NgramDrafter
@@ -133,13 +133,14 @@ def resolve_auto_draft(model: str | None, spec_type: str = "auto", *, ngram: boo
     if model is None:
         ship = shipped_drafter("dspark")
         return (str(ship) if ship else None), spec_type
-    entry = lookup(str(model))
+    ident = identify(str(model))  # by content: a renamed or converted copy is the same model
+    entry = lookup(str(model), ident)
     if entry is None:
         if spec_type != "auto":  # a lineage was asked for: load_speculator says to pass --draft PATH
             return None, spec_type
-        print(f"mlxspec: --draft auto: {describe(str(model), ngram=ngram)}", file=log)
+        print(f"mlxspec: --draft auto: {describe(str(model), ngram=ngram, ident=ident)}", file=log)
         return None, "ngram" if ngram else "auto"
-    print(f"mlxspec: --draft auto: {describe(str(model))}", file=log)
+    print(f"mlxspec: --draft auto: {describe(str(model), ident=ident)}", file=log)
     return entry["path"], spec_type
 
 

@@ -5,6 +5,7 @@ Keep each helper separate and small: other modules add their own fetchers here.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -335,3 +336,23 @@ def verifier_name(source: str) -> str:
     packaged model, the repo id of a hub snapshot, else the path the target was loaded from."""
     return UPSTREAM_REPOS.get(os.path.basename(str(source))) or hub_repo_of(source) or str(source)
 
+
+
+def packaged_repo(path) -> str | None:
+    """The upstream repo id of a packaged GGUF recognised by its bytes (size, then sha256),
+    whatever the file is called or wherever it lies; None for any other file."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _packaged_repo(os.path.realpath(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=16)
+def _packaged_repo(path: str, size: int, mtime_ns: int) -> str | None:
+    known = [(DEFAULT_MODEL_SIZE, DEFAULT_MODEL_SHA256, os.path.basename(DEFAULT_MODEL_MEMBER))]
+    known += [(m.size, m.sha256, m.filename) for m in PACKAGED_MODELS.values()]
+    for want_size, sha, name in known:
+        if size == want_size and _sha256(Path(path)) == sha:  # the size rules out all but one
+            return UPSTREAM_REPOS[name]
+    return None

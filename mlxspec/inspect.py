@@ -28,7 +28,7 @@ from safetensors import SafetensorError, safe_open
 
 from mlxspec.drafters.formats import dir_format
 from mlxspec.drafters.load import load_drafter
-from mlxspec.drafters.registry import describe
+from mlxspec.drafters.registry import describe, identify
 from mlxspec.errors import MlxspecError
 from mlxspec.gguf.file import read_gguf
 from mlxspec.targets.gguf import SUPPORTED_ARCHS, gguf_config
@@ -52,8 +52,10 @@ def inspect_path(path: str | os.PathLike) -> str:
     report = _inspect_dir(p) if p.is_dir() else _inspect_gguf(p)
     lines = report.split("\n")
     at = next((i for i, ln in enumerate(lines) if ln.startswith("  role: target")), None)
-    if at is not None:  # the --draft auto pairing (mlxspec/data/registry.json)
-        lines.insert(at + 1, f"  drafter (--draft auto): {describe(shown, alternatives=True)}")
+    if at is not None:  # what the target is, by content, and the --draft auto pairing (data/registry.json)
+        ident = identify(str(p))
+        lines.insert(at + 1, f"  identified as: {ident.name} (by {ident.basis})")
+        lines.insert(at + 2, f"  drafter (--draft auto): {describe(str(p), alternatives=True, ident=ident)}")
     return "\n".join(lines)
 
 

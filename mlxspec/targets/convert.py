@@ -19,8 +19,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from mlxspec.cache import cache_dir
+from mlxspec.cache import cache_dir, packaged_repo
 from mlxspec.errors import MlxspecError
+from mlxspec.gguf.file import read_gguf
 from mlxspec.targets.load import load_target, resolve_model_path
 from mlxspec.targets.model import dequantize_model
 from mlxspec.validate import check_free_space, check_output_dir, writing
@@ -70,7 +71,7 @@ def convert_to_mlx(model_path: str | None, out: str, dtype: str = "keep", force:
         out_p.mkdir(parents=True, exist_ok=True)
         final, out_p = out_p, Path(tempfile.mkdtemp(prefix=".mlxspec-convert-", dir=out_p))
         try:
-            _write_mlx_dir(out_p, tok, model, cfg)
+            _write_mlx_dir(out_p, tok, model, cfg, _source_name(src))
             for f in sorted(out_p.iterdir()):
                 os.replace(f, final / f.name)  # atomic; replaces a symlink instead of following it
         finally:
@@ -78,10 +79,12 @@ def convert_to_mlx(model_path: str | None, out: str, dtype: str = "keep", force:
     return final
 
 
-def _write_mlx_dir(out_p: Path, tok, model, cfg: dict) -> None:
+def _write_mlx_dir(out_p: Path, tok, model, cfg: dict, source: str | None = None) -> None:
     tok.save_pretrained(out_p)
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(out_p / "model.safetensors"), weights, metadata={"format": "mlx"})
+    if source:  # what the model is, as HF checkpoints say it: the registry recognises the copy by it
+        cfg["_name_or_path"] = source
     cfg["architectures"] = [{"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
                              "qwen3": "Qwen3ForCausalLM"}.get(cfg["model_type"], "")]
     cfg["bos_token_id"] = tok.bos_token_id
@@ -92,6 +95,19 @@ def _write_mlx_dir(out_p: Path, tok, model, cfg: dict) -> None:
     (out_p / "generation_config.json").write_text(
         json.dumps({"bos_token_id": tok.bos_token_id, "eos_token_id": cfg["eos_token_id"]}, indent=2)
     )
+
+
+def _source_name(src: str) -> str | None:
+    """The upstream repo id of a packaged GGUF (by its bytes, whatever its file name), else the
+    GGUF's general.name, else None."""
+    repo = packaged_repo(src)
+    if repo:
+        return repo
+    try:
+        name = read_gguf(src).metadata.get("general.name")
+    except MlxspecError:
+        return None
+    return name if isinstance(name, str) and name else None
 
 
 def cached_mlx_copy(gguf: str, dtype: str, root: str | None = None, log=None) -> Path:
