@@ -31,7 +31,10 @@ Run it: `mlx.launch --backend ring --hosts 127.0.0.1 -n 2 -- .venv/bin/mlxspec g
 
 from __future__ import annotations
 
+import json
 import os
+import socket
+import struct
 import sys
 import threading
 import time
@@ -110,6 +113,99 @@ class Watchdog:
                 self._deadline = None
 
 
+# ----------------------------------------------------------------------------- doorbells
+class Doorbells:
+    """Sleeping waits beside MLX's ring backend.
+
+    The ring backend's socket threads poll a pending receive (non-blocking sockets), so a
+    rank waiting in a collective keeps a core busy. Measured on this 2-core machine: rank 1
+    waiting in an all_sum made rank 0's matmuls 2x slower, and in pipeline mode one rank
+    always waits for the other. So a rank that may wait long (a follower for the next header,
+    a pipeline stage for its input) first sleeps in a blocking recv on a plain TCP socket
+    until the peer rings, and only then enters the collective, which completes at once.
+    One socket per pair of ranks (ports exchanged with one all_gather); one byte per ring.
+    Off (None from `connect`) without an MLX_HOSTFILE (backends other than ring)."""
+
+    def __init__(self, socks: dict, wd: Watchdog):
+        self.socks, self.wd = socks, wd
+
+    @classmethod
+    def connect(cls, group, wd: Watchdog):
+        rank, n = group.rank(), group.size()
+        ips = _ring_ips()
+        if n == 1 or ips is None or len(ips) != n:
+            return None
+        lst = socket.create_server((ips[rank], 0), backlog=n)
+        ports = mx.distributed.all_gather(mx.array([[lst.getsockname()[1]]], dtype=mx.int32), group=group)
+        ports = [int(p) for p in wd.run("exchanging doorbell ports", lambda: (mx.eval(ports), ports)[1]).reshape(-1).tolist()]
+        socks = {}
+
+        def wire():
+            for peer in range(rank):  # connect to the lower ranks, accept the higher ones
+                s = socket.create_connection((ips[peer], ports[peer]))
+                s.sendall(struct.pack("<i", rank))
+                socks[peer] = s
+            for _ in range(rank + 1, n):
+                s, _addr = lst.accept()
+                socks[struct.unpack("<i", _recv_exact(s, 4))[0]] = s
+        wd.run("connecting the doorbells", wire)
+        lst.close()
+        for s in socks.values():
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return cls(socks, wd)
+
+    def ring(self, dst: int) -> None:
+        self.socks[dst].sendall(b"\x01")
+
+    def wait(self, src: int, what: str) -> None:
+        def one():
+            if not self.socks[src].recv(1):
+                raise MlxspecError(f"rank {self.wd.rank}: lost rank {src} during {what} (connection closed)")
+        self.wd.run(what, one)
+
+
+def _recv_exact(s: socket.socket, n: int) -> bytes:
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("connection closed")
+        buf += chunk
+    return buf
+
+
+def _ring_ips() -> list[str] | None:
+    """Each rank's IP from mlx.launch's ring hostfile (a JSON list, per rank, of "ip:port")."""
+    try:
+        with open(os.environ["MLX_HOSTFILE"]) as f:
+            hosts = json.load(f)
+        return [str(h[0]).rsplit(":", 1)[0] for h in hosts]
+    except (KeyError, OSError, ValueError, TypeError, IndexError):
+        return None
+
+
+def limit_blas_threads(rank: int) -> int | None:
+    """Ranks on one host share its cores: OpenBLAS's threads per rank = cores / ranks on this
+    host (its idle threads spin, so 2 ranks x 2 threads on 2 cores slow every matmul ~10x,
+    measured). Left alone when OPENBLAS_NUM_THREADS is set. -> the thread count set, or None."""
+    ips = _ring_ips()
+    if os.environ.get("OPENBLAS_NUM_THREADS") or ips is None or rank >= len(ips):
+        return None
+    local = sum(1 for ip in ips if ip == ips[rank])
+    n = max(1, (os.cpu_count() or 1) // local)
+    try:
+        import ctypes
+
+        from mlxspec.blas import find_openblas, openblas_loaded
+
+        if not (openblas_loaded() and find_openblas()):
+            return None
+        ctypes.CDLL(find_openblas()).openblas_set_num_threads(n)  # the preloaded library: same handle
+    except (OSError, AttributeError):
+        return None
+    return n
+
+
 # ----------------------------------------------------------------------------- group / plan
 def init(timeout: float | None = DEFAULT_TIMEOUT):
     """The world group (size 1 when not launched by mlx.launch) and its watchdog."""
@@ -123,6 +219,8 @@ def init(timeout: float | None = DEFAULT_TIMEOUT):
     except Exception as e:  # noqa: BLE001 - backend errors are one line
         raise MlxspecError(f"rank {rank}: cannot join the distributed group: {str(e).splitlines()[0]}") from None
     wd.rank, wd.size = group.rank(), group.size()
+    if wd.size > 1:
+        limit_blas_threads(wd.rank)
     return group, wd
 
 
@@ -185,6 +283,7 @@ class DistTarget(Target):
         self._hist: dict[int, list] = {}  # cid -> tokens in that cache (for --check)
         self._closed = False
         n = self.size
+        self.bells = Doorbells.connect(group, watchdog) if n > 1 else None
         why = tensor_parallel_reason(inner.model, n) if n > 1 else None
         if mode == "auto":
             mode = "tensor" if why is None else "pipeline"
@@ -296,6 +395,7 @@ class DistTarget(Target):
     def _bcast_header(self, hdr: list, toks: list):
         room = _HDR - 8 - _MAX_TAPS
         h = mx.zeros((_HDR,), dtype=mx.int32)
+        self._ring_or_wait(0, "header broadcast")
         if self.rank == 0:
             body = hdr + [0] * (8 + _MAX_TAPS - len(hdr))
             inline = toks if len(toks) <= room else []
@@ -309,6 +409,18 @@ class DistTarget(Target):
                 t = mx.array(toks, dtype=mx.int32) if self.rank == 0 else mx.zeros((L,), dtype=mx.int32)
                 toks = self._bcast(t, "token broadcast").tolist()
         return h, toks
+
+    def _ring_or_wait(self, src: int, what: str, dsts=None):
+        """Before a collective that `src` starts: src rings `dsts` (default: every other
+        rank), they sleep until it does (see `Doorbells`)."""
+        if self.bells is None:
+            return
+        dsts = [r for r in range(self.size) if r != src] if dsts is None else dsts
+        if self.rank == src:
+            for d in dsts:
+                self.bells.ring(d)
+        elif self.rank in dsts:
+            self.bells.wait(src, what)
 
     def close(self):
         """Leader: tell the other ranks to leave `serve()`. Safe to call twice."""
@@ -391,7 +503,11 @@ class DistTarget(Target):
         if r == 0:
             local = {t: mine[t] for t in taps if t in mine}
             if n > 1:
-                send = mx.distributed.send(h.astype(mx.float32), 1, group=self.group)
+                out0 = h.astype(mx.float32)
+                mx.eval(out0)  # compute first, then wake rank 1 for the transfer alone
+                if self.bells is not None:
+                    self.bells.ring(1)
+                send = mx.distributed.send(out0, 1, group=self.group)
                 self.wd.run("sending activations to rank 1", lambda: mx.eval(send))
                 later = [t for s in range(1, n) for t in taps if st[s][0] <= t < st[s][1]]
                 h, back = self._recv_stage(L, len(later), n - 1, f"receiving the last stage's output from rank {n - 1}")
@@ -407,6 +523,9 @@ class DistTarget(Target):
         new = [mine[t].astype(mx.float32) for t in taps if a <= t < b]
         msg = mx.concatenate([h.astype(mx.float32)] + [c for c in carried] + new, axis=-1)
         dst = (r + 1) % n
+        mx.eval(msg)  # compute first, then wake `dst` for the transfer alone
+        if self.bells is not None:
+            self.bells.ring(dst)
         send = mx.distributed.send(msg, dst, group=self.group)
         tc = time.perf_counter()
         self.wd.run(f"sending activations to rank {dst}", lambda: mx.eval(send))
@@ -419,8 +538,10 @@ class DistTarget(Target):
         the watchdog -> (hidden in the activation dtype, [taps] still float32: a middle stage
         passes them on as they came)."""
         H = self.info.hidden_size
-        x = mx.distributed.recv((1, L, H * (1 + n_taps)), mx.float32, src, group=self.group)
         tc = time.perf_counter()
+        if self.bells is not None:
+            self.bells.wait(src, what)  # asleep until `src` has its output ready
+        x = mx.distributed.recv((1, L, H * (1 + n_taps)), mx.float32, src, group=self.group)
         self.wd.run(what, lambda: mx.eval(x))
         self.stats.comm_time += time.perf_counter() - tc
         parts = mx.split(x, 1 + n_taps, axis=-1)
@@ -433,6 +554,7 @@ class DistTarget(Target):
         own = self._own_length(cache)
         mine = mx.array([offset, zlib.crc32(bytes(str(hist[:offset]), "ascii")) & 0x7FFFFFFF, own - len(toks)],
                         dtype=mx.int32)
+        self._ring_or_wait(0, "--check all_gather")
         g = mx.distributed.all_gather(mine[None], group=self.group)
         rows = self.wd.run("--check all_gather", lambda: (mx.eval(g), g)[1]).tolist()
         self.stats.check_time += time.perf_counter() - t0
