@@ -155,7 +155,7 @@ def describe(target: str, *, alternatives: bool = False, ngram: bool = True, ide
         return (f"no known drafter for '{ident.name}' (registry v{v}); {then}; "
                 "--draft PATH for a block drafter, --draft none for plain decoding")
     e = found[0]
-    text = f"{e['drafter']} ({e['lineage']}, {e['source']}; registry v{v}) for {e['target']}, recognised by {ident.basis}"
+    text = f"{e['drafter']} ({e['lineage']}, {e['source']}; registry v{v})"
     if alternatives and len(found) > 1:
         text += "; also published: " + ", ".join(f"{x['drafter']} ({x['lineage']})" for x in found[1:])
-    return text
+    return text + f"; the target is {e['target']}, recognised by {ident.basis}"
