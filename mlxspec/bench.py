@@ -57,7 +57,7 @@ from mlxspec.errors import MlxspecError
 from mlxspec.prompts import encode_prompt, load_prompts
 from mlxspec.targets.convert import cached_mlx_copy
 from mlxspec.targets.load import default_dense, load_target, resolve_model_path
-from mlxspec.validate import check_output_dir, writing
+from mlxspec.validate import check_free_space, check_output_dir, writing
 
 FULL = dict(prompts_per_category=4, max_tokens=96, repeats=2, temps="0,1")
 QUICK = dict(prompts_per_category=1, max_tokens=32, repeats=1, temps="0")
@@ -154,6 +154,7 @@ def settings(a) -> dict:
     s["random"] = not a.no_random
     if a.out is not None:
         check_output_dir("--out", a.out)  # before minutes of benchmarking
+        check_free_space("--out", a.out, 1 << 20)  # bench.json and the plots
     return s
 
 

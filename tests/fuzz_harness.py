@@ -59,6 +59,7 @@ class Case:
     expect: str = "same"  # "same": error or baseline output; "error": must be refused; "ok": must run
     api: dict | None = None  # {"kwargs": {...}} for an API call on the baseline target
     build: object = None  # callable(dir) -> dict of path substitutions, run in the parent before the case
+    mention: str | None = None  # an error must name this (the real cause), else "misleading"
 
 
 # ============================================================================ GGUF building
@@ -214,6 +215,9 @@ class Fixtures:
 
         convert_to_mlx(self.target, self.hf_target, dtype="float32")
         self.dg_bytes = open(self.drafter_gguf, "rb").read()
+        import gguf
+
+        self.dg_types = {t.name: t.tensor_type.name for t in gguf.GGUFReader(self.drafter_gguf).tensors}
         self.dg_layout, self.dg_data_start = walk_gguf(self.dg_bytes)
 
     def _write_drafters(self):
@@ -249,6 +253,46 @@ class Fixtures:
             kw["target"] = load_target(self.target)[0]
         save_drafter(m, cfg, self.drafter, "speculators", **kw)
         save_drafter(m, cfg, self.drafter_gguf, "gguf", **kw)
+
+    # read-only and full file systems for the output-path cases: real tmpfs mounts when root
+    # (which writes through mode bits), else a mode-0555 directory and no full-disk case
+    def _mount(self, name: str, opts: str):
+        d = os.path.join(self.root, name)
+        if d in getattr(self, "_mounts", {}):
+            return self._mounts[d]
+        self._mounts = getattr(self, "_mounts", {})
+        os.makedirs(d, exist_ok=True)
+        ok = os.geteuid() == 0 and subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", d],
+                                                  capture_output=True).returncode == 0
+        self._mounts[d] = d if ok else None
+        return self._mounts[d]
+
+    def read_only_dir(self) -> str:
+        d = self._mount("ro-fs", "ro,size=64k")
+        if d is None:
+            d = os.path.join(self.root, "ro-dir")
+            os.makedirs(d, exist_ok=True)
+            os.chmod(d, 0o555)
+        return d
+
+    def full_dir(self) -> str | None:
+        d = self._mount("full-fs", "size=64k")
+        if d is not None and not os.path.exists(os.path.join(d, "fill")):
+            fd = os.open(os.path.join(d, "fill"), os.O_WRONLY | os.O_CREAT)
+            try:
+                while os.write(fd, b"\0" * 4096):
+                    pass
+            except OSError:  # ENOSPC: full
+                pass
+            finally:
+                os.close(fd)
+        return d
+
+    def close(self) -> None:
+        for d, mounted in getattr(self, "_mounts", {}).items():
+            if mounted:
+                subprocess.run(["umount", "-l", d], capture_output=True)
+        self._mounts = {}
 
     def base_argv(self, model=None, draft="none", extra=()):
         return ["generate", "--model", model or self.target, "--draft", draft, "--prompt", PROMPT,
@@ -551,7 +595,7 @@ def hf_target_cases(fx: Fixtures, rng) -> list[Case]:
     cases = []
     cfg = json.load(open(os.path.join(fx.hf_target, "config.json")))
 
-    def variant(cid, desc, config=None, mutate_st=None, text=None):
+    def variant(cid, desc, config=None, mutate_st=None, text=None, mention=None):
         def build(d):
             p = os.path.join(d, "tm")
             shutil.copytree(fx.hf_target, p)
@@ -561,9 +605,15 @@ def hf_target_cases(fx: Fixtures, rng) -> list[Case]:
             if mutate_st is not None:
                 mutate_st(os.path.join(p, "model.safetensors"))
             return {"@M": p}
-        cases.append(Case(cid, "hf-target", desc, fx.base_argv(model="@M"), build=build))
+        cases.append(Case(cid, "hf-target", desc, fx.base_argv(model="@M"), build=build, mention=mention))
 
     variant("hft-baseline", "unmodified converted directory", config={})
+    # a dimension that disagrees with the weights (integral, in range): the error names the key (issue 25)
+    for key in ("hidden_size", "intermediate_size", "vocab_size"):
+        for delta in (-1, 1, 64, -64):
+            v = cfg[key] + delta
+            variant(f"hft-dim-{key}{delta:+d}", f"config.json {key} = {v} (weights: {cfg[key]})", config={key: v},
+                    mention=key)
     for text, desc in [("[]", "a list"), ("{", "invalid JSON"), ('"x"', "a string")]:
         variant(f"hft-config-{desc}", f"config.json is {desc}", text=text)
     for key, vals in {"hidden_size": [0, -1, "256", 255, 1.5], "num_hidden_layers": [0, 10**9, 3, 1],
@@ -596,8 +646,20 @@ def hf_target_cases(fx: Fixtures, rng) -> list[Case]:
     return cases
 
 
-def rewrite_gguf(src: str, dst: str, set_keys: dict, drop=()) -> None:
-    """Copy a GGUF through gguf.GGUFReader -> GGUFWriter, setting {key: (vtype, value, subtype)}."""
+PLAIN_NP = {"F32": np.float32, "F16": np.float16, "I8": np.int8, "I16": np.int16, "I32": np.int32, "I64": np.int64}
+
+
+def retyped(a: np.ndarray, to: str) -> np.ndarray:
+    """A plain tensor stored as ggml type `to`: the same bytes relabelled where the element
+    sizes match (I32 ids read as F32, as a wrong type in the file gives), else the values
+    converted."""
+    dt = np.dtype(PLAIN_NP[to])
+    return a.view(dt) if dt.itemsize == a.dtype.itemsize else a.astype(dt)
+
+
+def rewrite_gguf(src: str, dst: str, set_keys: dict, drop=(), retype=None) -> None:
+    """Copy a GGUF through gguf.GGUFReader -> GGUFWriter, setting {key: (vtype, value, subtype)};
+    retype: {tensor name: ggml type} for plain tensors (see `retyped`)."""
     import gguf
 
     r = gguf.GGUFReader(src)
@@ -611,7 +673,10 @@ def rewrite_gguf(src: str, dst: str, set_keys: dict, drop=()) -> None:
     for t in r.tensors:
         plain = t.tensor_type in (gguf.GGMLQuantizationType.F32, gguf.GGMLQuantizationType.F16,
                                   gguf.GGMLQuantizationType.I32)
-        w.add_tensor(t.name, np.array(t.data), raw_dtype=None if plain else t.tensor_type)
+        a = np.array(t.data)
+        if retype and t.name in retype:
+            a, plain = retyped(a, retype[t.name]), True
+        w.add_tensor(t.name, a, raw_dtype=None if plain else t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -621,12 +686,12 @@ def rewrite_gguf(src: str, dst: str, set_keys: dict, drop=()) -> None:
 def gguf_drafter_cases(fx: Fixtures, rng) -> list[Case]:
     cases = []
 
-    def variant(cid, desc, set_keys=None, drop=()):
+    def variant(cid, desc, set_keys=None, drop=(), retype=None, expect="same", group="gguf-drafter"):
         def build(d):
             p = os.path.join(d, "dr.gguf")
-            rewrite_gguf(fx.drafter_gguf, p, set_keys or {}, drop)
+            rewrite_gguf(fx.drafter_gguf, p, set_keys or {}, drop, retype)
             return {"@D": p}
-        cases.append(Case(cid, "gguf-drafter", desc, fx.base_argv(draft="@D"), build=build))
+        cases.append(Case(cid, group, desc, fx.base_argv(draft="@D"), expect=expect, build=build))
 
     variant("dg-rewrite", "rewritten unchanged")
     muts = {"dflash.block_size": [(U32, 0), (I32, -1), (U32, 10**6), (STR, "8"), (STR, "x"), (F32, 4.5)],
@@ -655,6 +720,133 @@ def gguf_drafter_cases(fx: Fixtures, rng) -> list[Case]:
                 {"dflash.log_snr_conditioning": (BOOL, True, None),
                  "dflash.min_log_snr": (STR if isinstance(lo, str) else F32, lo, None),
                  "dflash.max_log_snr": (F32, hi, None)})
+    return cases
+
+
+def gguf_type_cases(fx: Fixtures) -> list[Case]:
+    """Every tensor of the GGUF drafter stored in every plain ggml type, written with GGUFWriter.
+    d2t must be integer ids (I64 holds the same ids: same output); weights float (F16 <-> F32
+    may round: same output or an error) and never integer (the float bits read as integers)."""
+    cases = []
+    for name, kind in fx.dg_types.items():
+        for to in PLAIN_NP:
+            if to == kind:
+                continue
+            if name == "d2t":
+                expect = "same" if to == "I64" else "error"
+            else:
+                expect = "error" if to.startswith("I") else "same-or-error"
+
+            def build(d, name=name, to=to):
+                p = os.path.join(d, "dr.gguf")
+                rewrite_gguf(fx.drafter_gguf, p, {}, retype={name: to})
+                return {"@D": p}
+            cases.append(Case(f"dg-type-{name}-{to}", "gguf-types", f"tensor {name} ({kind}) stored as {to}",
+                              fx.base_argv(draft="@D"), expect=expect, build=build))
+    return cases
+
+
+def text_cases(fx: Fixtures, rng) -> list[Case]:
+    """Text that is not UTF-8 in every text input (issue 25): --prompt, --system-prompt, --stop
+    as Python hands argv bytes over (surrogateescape), and stdin as raw bytes. Invalid bytes are
+    generated (stray continuation bytes, truncated sequences, overlong forms, UTF-16 surrogates,
+    0xfe/0xff) at random places in valid text; each must be refused in one line. Valid
+    non-ASCII text must run."""
+    bad_seqs = [b"\xff", b"\xfe", b"\x80", b"\xbf", b"\xc3", b"\xe2\x82", b"\xf0\x9f\x98", b"\xc0\xaf",
+                b"\xe0\x80\xaf", b"\xed\xa0\x80", b"\xf8\x88\x80\x80\x80", b"\xf4\x90\x80\x80"]
+    good = ["héllo wörld", "日本語のテキスト", "emoji 🙂 ok", "Ωmega ∑"]
+    cases = []
+    for i in range(16):
+        base = (PROMPT + " " + good[i % len(good)]).encode()
+        at = int(rng.integers(0, len(base) + 1))
+        while at < len(base) and (base[at] & 0xC0) == 0x80:  # between characters, not inside one
+            at += 1
+        raw = base[:at] + bad_seqs[i % len(bad_seqs)] + base[at:]
+        text = raw.decode("utf-8", "surrogateescape")
+        where = ["--prompt", "--system-prompt", "--stop", "stdin"][i % 4]
+        argv = fx.base_argv()
+        stdin = None
+        if where == "--prompt":
+            argv[argv.index("--prompt") + 1] = text
+        elif where == "stdin":
+            argv[argv.index("--prompt") + 1] = "-"
+            stdin = raw
+        else:
+            argv += [where, text]
+        cases.append(Case(f"text-{where.strip('-')}-{i}", "text", f"{where} with {raw[at:at + 5]!r} at byte {at}",
+                          argv, stdin=stdin, expect="error", mention="not UTF-8 text"))
+    for i, t in enumerate(good):
+        argv = fx.base_argv()
+        argv[argv.index("--prompt") + 1] = t
+        cases.append(Case(f"text-good-{i}", "text", f"--prompt {t!r}", argv + ["--stop", t[-2:]], expect="ok"))
+    cases.append(Case("api-prompt-surrogate", "api", "stream_generate(prompt with a lone surrogate)", expect="error",
+                      api={"kwargs": {"prompt": "the \ud800 the"}}))
+    cases.append(Case("api-stop-surrogate", "api", "stream_generate(stop=[lone surrogate])", expect="error",
+                      api={"kwargs": {"stop": ["\udcff"]}}))
+    return cases
+
+
+def output_cases(fx: Fixtures) -> list[Case]:
+    """Every output path (convert --out, bench --out) under every bad parent (issue 25): a
+    parent that is a file, a device (/dev/null/x), read-only, or a file system with no space
+    left; each refused in one line before any work (or while writing). A missing parent is
+    created (mkdir -p): convert must run. Read-only and full file systems are real tmpfs
+    mounts (root) or a mode-0555 directory (others; no full-disk case then)."""
+    T = fx.target
+    commands = {"convert": lambda out: ["convert", "--model", T, "--out", out],
+                "bench": lambda out: ["bench", "--model", T, "--draft", "none", "--quick", "--out", out]}
+
+    def in_file(d):
+        f = os.path.join(d, "file")
+        open(f, "w").close()
+        return os.path.join(f, "out")
+
+    parents = {"devnull": (lambda d: "/dev/null/x", "/dev/null is not a directory"),
+               "file": (in_file, "is not a directory"),
+               "file-deep": (lambda d: os.path.join(in_file(d), "a", "b"), "is not a directory"),
+               "readonly": (lambda d: os.path.join(fx.read_only_dir(), "out"), "cannot write into"),
+               "full": (lambda d: os.path.join(fx.full_dir(), "out"), "free some space")}
+    cases = []
+    for cmd, argv in commands.items():
+        for name, (where, mention) in parents.items():
+            if name == "full" and fx.full_dir() is None:
+                continue
+            cases.append(Case(f"out-{cmd}-{name}", "outputs", f"{cmd} --out under a {name} parent", argv("@OUT"),
+                              expect="error", mention=mention, build=lambda d, w=where: {"@OUT": w(d)}))
+    cases.append(Case("out-convert-missing-parents", "outputs", "convert --out a/b/c (missing parents: created)",
+                      commands["convert"]("@OUT"), expect="ok",
+                      build=lambda d: {"@OUT": os.path.join(d, "a", "b", "c")}))
+    return cases
+
+
+def message_cases(fx: Fixtures) -> list[Case]:
+    """Drafter configs whose error used to blame the wrong thing (issue 25): each must name the cause."""
+    cfg = json.load(open(os.path.join(fx.drafter, "config.json")))
+    cases = []
+
+    def variant(cid, desc, mutate, mention):
+        def build(d):
+            p = os.path.join(d, "drafter")
+            shutil.copytree(fx.drafter, p)
+            c = json.loads(json.dumps(cfg))
+            mutate(c)
+            with open(os.path.join(p, "config.json"), "w") as f:
+                json.dump(c, f)
+            return {"@D": p}
+        cases.append(Case(cid, "messages", desc, fx.base_argv(draft="@D"), expect="error", mention=mention,
+                          build=build))
+
+    variant("msg-no-layer-config", "speculators without transformer_layer_config",
+            lambda c: c.pop("transformer_layer_config"), "no transformer_layer_config")
+    variant("msg-no-layer-config-th", "speculators without transformer_layer_config, target_hidden_size kept",
+            lambda c: (c.pop("transformer_layer_config"), c.__setitem__("target_hidden_size", 576)),
+            "no transformer_layer_config")
+    variant("msg-no-layer-hidden", "transformer_layer_config without hidden_size",
+            lambda c: c["transformer_layer_config"].pop("hidden_size"), "transformer_layer_config names none")
+    for drop in (("speculators_model_type",), ("speculators_model_type", "speculators_config"),
+                 ("speculators_model_type", "transformer_layer_config")):
+        variant("msg-no-type-" + "-".join(drop), f"speculators without {', '.join(drop)}",
+                lambda c, drop=drop: [c.pop(k) for k in drop], "no speculators_model_type")
     return cases
 
 
@@ -754,8 +946,11 @@ def api_cases(fx: Fixtures) -> list[Case]:
 
 def all_cases(fx: Fixtures, n: int, seed: int) -> list[Case]:
     rng = np.random.default_rng(seed)
-    fixed = flag_cases(fx) + api_cases(fx)
+    types = gguf_type_cases(fx)
+    always = [c for c in types if c.id.startswith("dg-type-d2t-") or c.id.endswith("-I32")]  # ids; float bits as ints
+    fixed = flag_cases(fx) + api_cases(fx) + always + text_cases(fx, rng) + output_cases(fx) + message_cases(fx)
     pool = gguf_target_cases(fx, rng) + hf_drafter_cases(fx, rng) + hf_target_cases(fx, rng)
+    pool += [c for c in types if c not in always]
     pool += gguf_drafter_cases(fx, rng)
     pool += raw_cases(fx, rng, max(40, n // 2), "t.gguf", fx.target_bytes, fx.layout, fx.data_start, "raw-target",
                       lambda p: fx.base_argv(model=p))
@@ -914,6 +1109,8 @@ def classify(case: Case, res: dict, baseline: str) -> tuple[str, str]:
             return "bad-error", err.strip()[-300:]
         if case.expect == "ok" or (case.expect == "same" and case.group == "flags"):
             return "refused", msg
+        if case.mention and case.mention not in msg:
+            return "misleading", f"does not name {case.mention!r}: {msg}"
         return "error", msg
     if rc == 0:
         if case.expect == "run-or-error":
@@ -929,11 +1126,11 @@ def classify(case: Case, res: dict, baseline: str) -> tuple[str, str]:
 def run_cases(n: int, seed: int, workdir: str, log=None, limit_s: float = CASE_LIMIT_S, groups=None):
     """-> (results [(case, verdict, detail, seconds)], baseline stdout). groups: only these."""
     fx = Fixtures(os.path.join(workdir, "fixtures"))
-    cases = all_cases(fx, n, seed)
-    if groups:
-        cases = [c for c in cases if c.group in groups]
     runner = Runner(limit_s=limit_s)
     try:
+        cases = all_cases(fx, n, seed)
+        if groups:
+            cases = [c for c in cases if c.group in groups]
         base = runner.run({"id": "baseline", "argv": fx.base_argv()}, first=True)
         if base.get("rc") != 0:
             raise RuntimeError(f"baseline run failed: {base}")
@@ -960,6 +1157,7 @@ def run_cases(n: int, seed: int, workdir: str, log=None, limit_s: float = CASE_L
         return results, baseline
     finally:
         runner.stop()
+        fx.close()
 
 
 def verdict_table(results) -> str:
