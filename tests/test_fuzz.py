@@ -15,6 +15,7 @@ import io
 import json
 import math
 import os
+import re
 import struct
 import sys
 
@@ -38,14 +39,17 @@ def test_fuzz_suite(tmp_path):
     verdicts = {v for _, v, *_ in results}
     assert len(results) == N_CASES and {"error", "same", "ok"} <= verdicts
     groups = {c.group for c, *_ in results}
-    assert {"gguf-target", "hf-drafter", "raw-target", "raw-drafter", "flags", "api", "files"} <= groups
+    assert {"gguf-target", "hf-drafter", "raw-target", "raw-drafter", "flags", "api", "files", "text", "outputs",
+            "messages", "gguf-types"} <= groups
 
 
 # ----------------------------------------------------------------------------- exact outcomes
 
 @pytest.fixture(scope="module")
 def fx(tmp_path_factory):
-    return fh.Fixtures(str(tmp_path_factory.mktemp("fuzzfx")))
+    f = fh.Fixtures(str(tmp_path_factory.mktemp("fuzzfx")))
+    yield f
+    f.close()
 
 
 def cli(argv, stdin=b""):
@@ -271,3 +275,175 @@ def test_cache_refuses_a_truncated_default_model(tmp_path, monkeypatch):
     assert cache.default_model_path(download=False) == out
     marker = out.with_name(out.name + ".ok")
     assert marker.read_text().endswith(cache.DEFAULT_MODEL_SHA256)
+
+
+# ----------------------------------------------------------------------------- issue 25
+
+@pytest.mark.parametrize("flag", ["--prompt", "--system-prompt", "--stop"])
+def test_text_flags_that_are_not_utf8_are_refused(fx, flag):
+    bad = b"abc\xff\xfedef".decode("utf-8", "surrogateescape")  # what Python makes of such argv bytes
+    argv = fx.base_argv()
+    if flag == "--prompt":
+        argv[argv.index("--prompt") + 1] = bad
+    else:
+        argv += [flag, bad]
+    rc, out, err = cli(argv)
+    assert one_error(rc, err) == f"{flag} is not UTF-8 text (invalid byte 0xff at offset 3); pass the text as UTF-8"
+    assert out == ""
+
+
+def test_non_utf8_argv_bytes_from_a_real_process(fx):
+    """The bytes as a shell passes them ($'abc\\xff\\xfedef'), through the real entry point."""
+    import subprocess
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "MLXSPEC_NO_BLAS_REEXEC": "1"}
+    argv = [a.encode() for a in fx.base_argv()]
+    argv[argv.index(b"--prompt") + 1] = b"abc\xff\xfedef"
+    r = subprocess.run([sys.executable.encode(), b"-m", b"mlxspec", *argv], capture_output=True, env=env, timeout=300)
+    assert r.returncode == 2 and r.stdout == b"", r.stderr
+    assert r.stderr.decode() == ("mlxspec: error: --prompt is not UTF-8 text (invalid byte 0xff at offset 3); pass "
+                                 "the text as UTF-8\n")
+
+
+def test_api_refuses_text_that_is_no_unicode(fx):
+    from mlxspec import api
+    from mlxspec.targets.load import load_target
+
+    target, tok = load_target(fx.target)
+    with pytest.raises(MlxspecError) as e:
+        api.generate(target, tok, "the \ud800 the", max_tokens=2)
+    assert str(e.value) == "prompt is not UTF-8 text (lone surrogate U+D800 at character 4); pass the text as UTF-8"
+    with pytest.raises(MlxspecError, match=r"^stop is not UTF-8 text \(invalid byte 0xff at offset 0\)"):
+        api.generate(target, tok, "the the", max_tokens=2, stop=["\udcff"])
+
+
+def test_convert_output_paths(fx, tmp_path):
+    rc, _, err = cli(["convert", "--model", fx.target, "--out", "/dev/null/x"])
+    assert one_error(rc, err) == "--out /dev/null/x: /dev/null is not a directory; pass a path inside a directory"
+    ro = fx.read_only_dir()
+    rc, _, err = cli(["convert", "--model", fx.target, "--out", f"{ro}/out"])
+    why = "read-only file system" if os.geteuid() == 0 else "permission denied"
+    assert one_error(rc, err) == f"--out {ro}/out: cannot write into {ro} ({why}); pass a directory you can write to"
+    deep = tmp_path / "a" / "b" / "c"  # missing parents are created, as mkdir -p
+    rc, out, err = cli(["convert", "--model", fx.target, "--out", str(deep)])
+    assert rc == 0 and (deep / "config.json").is_file(), err
+    full = fx.full_dir()
+    if full is None:
+        pytest.skip("no full file system to write to (mounting a tmpfs needs root)")
+    rc, _, err = cli(["convert", "--model", fx.target, "--out", f"{full}/out"])
+    assert re.fullmatch(rf"--out {full}/out: needs [\d.]+ MB but {full} has 0\.0 MB free; free some space or pass a "
+                        "path on another disk", one_error(rc, err))
+
+
+@pytest.mark.parametrize("fmt", ["gguf", "speculators"])
+def test_no_space_left_while_writing_a_drafter(fx, fmt):
+    """ENOSPC at write time (the space checks passed or could not know): Python's OSError and
+    MLX's own writer (RuntimeError, no errno) both end as one line."""
+    from mlxspec.drafters.load import load_drafter, save_drafter
+    from mlxspec.targets.load import load_target
+
+    full = fx.full_dir()
+    if full is None:
+        pytest.skip("no full file system to write to (mounting a tmpfs needs root)")
+    model, cfg = load_drafter(fx.drafter, log=io.StringIO())
+    out = f"{full}/d.gguf" if fmt == "gguf" else f"{full}/d"
+    with pytest.raises(MlxspecError) as e:
+        save_drafter(model, cfg, out, fmt, target=load_target(fx.target)[0])
+    assert str(e.value).startswith(f"drafter output {out}: cannot write") and str(e.value).endswith(
+        ": no space left on the device; free some space or pass a path on another disk"), str(e.value)
+
+
+def test_bench_out_under_a_file_is_refused_before_benchmarking(fx):
+    rc, _, err = cli(["bench", "--model", fx.target, "--draft", "none", "--quick", "--out", "/dev/null/x"])
+    assert one_error(rc, err) == "--out /dev/null/x: /dev/null is not a directory; pass a path inside a directory"
+
+
+def test_output_checks_for_train(tmp_path):
+    """The reusable checks `train --out` calls (validate.check_output_dir)."""
+    from mlxspec.validate import check_output_dir
+
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(MlxspecError) as e:
+        check_output_dir("--out", tmp_path / "f" / "run")
+    assert str(e.value) == f"--out {tmp_path}/f/run: {tmp_path}/f is not a directory; pass a path inside a directory"
+    with pytest.raises(MlxspecError, match="exists and is not a directory"):
+        check_output_dir("--out", tmp_path / "f")
+    assert check_output_dir("--out", tmp_path / "new" / "run") == tmp_path / "new" / "run"
+
+
+def test_gguf_drafter_tensor_types_are_checked(fx, tmp_path):
+    """Real files from GGUFWriter: d2t's I32 bytes labelled F32 (what a wrong type gives: the ids
+    read as tiny floats) and a weight's float bytes labelled I32 are refused, naming the tensor;
+    d2t as I64 holds the same ids and loads to the same drafter."""
+    from mlxspec.drafters.load import load_drafter
+
+    def load(retype):
+        p = tmp_path / "d.gguf"
+        fh.rewrite_gguf(fx.drafter_gguf, str(p), {}, retype=retype)
+        return load_drafter(str(p), log=io.StringIO())
+
+    with pytest.raises(MlxspecError) as e:
+        load({"d2t": "F32"})
+    assert str(e.value) == (f"{tmp_path}/d.gguf: tensor d2t has type F32, expected I32 or I64 (target token ids); "
+                            "the drafter file is corrupt, re-export it")
+    with pytest.raises(MlxspecError) as e:
+        load({"fc.weight": "I32"})
+    assert str(e.value) == (f"{tmp_path}/d.gguf: tensor fc.weight has integer type I32, expected a float or quantized "
+                            "type (F32, F16, BF16, Q8_0, ...); the drafter file is corrupt, re-export it")
+    m64, _ = load({"d2t": "I64"})
+    m32, _ = load_drafter(fx.drafter_gguf, log=io.StringIO())
+    assert np.array_equal(np.asarray(m64.d2t), np.asarray(m32.d2t))
+
+
+def test_messages_name_the_real_cause(fx, tmp_path):
+    import shutil
+
+    from mlxspec.drafters.load import load_drafter
+    from mlxspec.targets.load import load_target
+
+    m = tmp_path / "m"
+    shutil.copytree(fx.hf_target, m)
+    c = json.loads((m / "config.json").read_text())
+    (m / "config.json").write_text(json.dumps({**c, "hidden_size": 255}))
+    with pytest.raises(MlxspecError) as e:
+        load_target(str(m))
+    assert str(e.value) == (f"{m}/config.json: config.json does not match the weights: tensor "
+                            f"model.embed_tokens.weight in model.safetensors is [{c['vocab_size']}, 256], config.json "
+                            f"makes it [{c['vocab_size']}, 255] (hidden_size 255); fix config.json or use the weights it "
+                            "came with")
+
+    def drafter_err(mutate):
+        c = json.loads(open(os.path.join(fx.drafter, "config.json")).read())
+        mutate(c)
+        with pytest.raises(MlxspecError) as e:
+            load_drafter(_write_cfg(fx, tmp_path, c), log=io.StringIO())
+        return str(e.value).split(": ", 1)[1]
+
+    assert drafter_err(lambda c: c.pop("transformer_layer_config")) == (
+        "config.json has no transformer_layer_config (the drafter's layer sizes: hidden_size, heads, ...); the "
+        "drafter config is incomplete, export it again")
+    assert drafter_err(lambda c: c["transformer_layer_config"].pop("hidden_size")) == (
+        "target_hidden_size 256 differs from the drafter hidden size 4096 (transformer_layer_config names none: "
+        "Qwen3's default); drafters with a separate target width are not supported")
+    assert drafter_err(lambda c: c.pop("speculators_model_type")) == (
+        "config.json is a vLLM speculators drafter (speculators_config, transformer_layer_config, architectures "
+        "'DSparkSpeculator') but has no speculators_model_type; add \"speculators_model_type\": \"dspark\" (Markov "
+        "head), \"dflash\" or \"dflash2\"")
+
+    def deepspec(c):  # a DeepSpec directory that lacks its taps: says why it was read as DeepSpec
+        for k in ("speculators_model_type", "speculators_config", "transformer_layer_config"):
+            c.pop(k)
+        c["architectures"] = ["Qwen3DSparkModel"]
+    assert drafter_err(deepspec) == (
+        "config.json has no target_layer_ids (read as a DeepSpec DSpark directory: architectures "
+        "['Qwen3DSparkModel'], no speculators_model_type); the drafter config is incomplete")
+
+
+def _write_cfg(fx, tmp_path, config: dict) -> str:
+    import shutil
+
+    d = tmp_path / "drafter"
+    shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(fx.drafter, d)
+    (d / "config.json").write_text(json.dumps(config))
+    return str(d)
