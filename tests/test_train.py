@@ -213,3 +213,27 @@ def test_dense_anchors_cover_every_valid_position_of_a_regen_window():
     for r in range(2):
         assert sorted(an[r][av[r]].tolist()) == list(range(10, 20 - B + 1))
     assert (np.asarray(b["label"])[~av] == -1).all()
+
+
+def test_heldout_replay_equals_the_engine(smollm2, tmp_path):
+    """`train.heldout.heldout_tau` (one teacher-forced pass + the greedy anchor walk) gives the
+    engine's own counts on the same held-out prompts for the shipped DSpark drafter: tau,
+    accepted/drafted, per-position acceptance."""
+    from pathlib import Path
+
+    from mlxspec.evaluate import evaluate_drafter
+    from mlxspec.train.heldout import build_heldout, frozen_for, heldout_tau
+
+    target, tok = smollm2
+    path = Path(__file__).parents[1] / "mlxspec" / "weights" / "smollm2-135m-dspark"
+    m, cfg = load_drafter(str(path), target.info, log=io.StringIO())
+    cats = ("code", "chat")
+    store = build_heldout(target, tok, cfg.target_layer_ids, tmp_path / "heldout", n_per_category=2,
+                          max_tokens=32, categories=cats)
+    mine = heldout_tau(m, frozen_for(target, m), store, categories=cats)
+    ref = evaluate_drafter(target, tok, path, n_per_category=2, max_tokens=32, categories=cats, log=io.StringIO())
+    assert sum(ref[c]["accepted"] for c in cats) > 0  # the comparison covers accepted drafts
+    for cat in cats:
+        assert (mine[cat]["accepted"], mine[cat]["drafted"]) == (ref[cat]["accepted"], ref[cat]["drafted"])
+        assert mine[cat]["tau"] == pytest.approx(ref[cat]["tau"])
+        np.testing.assert_allclose(mine[cat]["per_position_acceptance"], ref[cat]["per_position_acceptance"])

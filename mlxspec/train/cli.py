@@ -14,6 +14,7 @@ from mlxspec.evaluate import evaluate_drafter
 from mlxspec.targets.load import load_target
 from mlxspec.train.data import DEFAULT_SOURCES, prepare_generated_shards, prepare_shards
 from mlxspec.train.export import export_all
+from mlxspec.train.heldout import build_heldout
 from mlxspec.train.regen import prepare_regen_store
 from mlxspec.train.trainer import TrainConfig, parse_data_mix, train
 from mlxspec.validate import MAX_BLOCK, check_float_arg, check_int_arg
@@ -74,6 +75,9 @@ def add_train_args(p):
     p.add_argument("--init-from", default=None,
                    help="start from a drafter export (e.g. mlxspec/weights/smollm2-135m-dspark) with the same shape")
     p.add_argument("--no-compile", action="store_true", help="do not mx.compile the training step")
+    p.add_argument("--heldout-every", type=int, default=0,
+                   help="every N steps, held-out tau from the target's greedy answers to the held-out prompts "
+                        "(train.heldout: equals the engine's full-block evaluation, ~15 s), into the report's history")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
@@ -122,6 +126,7 @@ def check_train_args(a) -> None:
             a.prefix_len = max(1, a.seq_len // 4)
         check_int_arg("--prefix-len", a.prefix_len, 1, a.seq_len - 1)
     check_int_arg("--regen-windows", a.regen_windows, 1)
+    check_int_arg("--heldout-every", a.heldout_every, 0)
     check_int_arg("--seqs-per-step", a.seqs_per_step, 1)
     check_int_arg("--anchors-per-seq", a.anchors_per_seq, 0)
     check_int_arg("--warmup", a.warmup, 0)
@@ -201,7 +206,10 @@ def cmd_train(a) -> int:
         seqs_per_step=a.seqs_per_step, anchors_per_seq=a.anchors_per_seq, lr=a.lr, warmup=a.warmup,
         seed=a.seed, taps=taps, loss=a.loss, warm_start=a.warm_start, max_windows=a.max_windows,
         response_only=not a.all_positions, compile=not a.no_compile, init_from=a.init_from,
+        heldout_every=a.heldout_every,
     )
+    if a.heldout_every:
+        tc.heldout = str(build_heldout(target, tok, taps, cache_dir() / "heldout" / f"{name}-t{'_'.join(map(str, taps))}"))
     out = Path(a.out)
     t0 = time.time()
     model, cfg, info = train(target, mix or str(data), str(out), tc, resume=not a.no_resume, force=a.force)

@@ -27,12 +27,13 @@ from mlxspec.train.regen import generate_windows
 CATEGORIES = ("code", "prose", "chat")
 
 
-def build_heldout(target, tokenizer, taps, out: str | Path, n_per_category: int = 8, max_tokens: int = 64) -> Path:
+def build_heldout(target, tokenizer, taps, out: str | Path, n_per_category: int = 8, max_tokens: int = 64,
+                  categories=CATEGORIES) -> Path:
     """The target's greedy continuations of the held-out prompts -> out/<category>.npz."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     prompts = load_prompts()
-    for cat in CATEGORIES:
+    for cat in categories:
         f = out / f"{cat}.npz"
         if f.exists():
             continue

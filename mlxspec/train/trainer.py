@@ -67,6 +67,8 @@ class TrainConfig:
     checkpoint_every: int = 250
     compile: bool = True
     init_from: str | None = None  # a drafter export to start from (same shape; its draft vocabulary is kept)
+    heldout: str | None = None  # a `train.heldout` store: held-out tau every `heldout_every` steps (budget curve)
+    heldout_every: int = 0
     taps: list = field(default_factory=list)
 
 
@@ -145,6 +147,8 @@ class Batcher:
         self.B = tc.block_size
         self.K = tc.anchors_per_seq or max(1, self.L - self.B - 2)
         self.windows_read = 0
+        self.seen: set = set()
+        self.distinct_tokens = 0  # supervised positions of the distinct windows read so far
 
     def _range(self, s, i):
         L, B = self.L, self.B
@@ -165,6 +169,9 @@ class Batcher:
                 if hi > lo:
                     break
             rows.append((s, i, lo, hi))
+            if (int(si), i) not in self.seen:
+                self.seen.add((int(si), i))
+                self.distinct_tokens += max(0, hi - lo)
         self.windows_read += S
         anchors = np.zeros((S, K), np.int64)
         aval = np.zeros((S, K), bool)
@@ -421,6 +428,7 @@ def train(
         log(f"resumed from step {start}")
     prior_blocks = float(history[-1].get("supervised_blocks", 0.0)) if history else 0.0
     prior_windows = start * tc.seqs_per_step
+    prior_distinct = max([h.get("distinct_tokens", 0) for h in history] or [0])  # windows re-drawn after a resume count again
     batcher = Batcher(stores, tc, t2d, tc.seed + start)
     n_windows = sum(len(s["tokens"]) for s, _ in stores)
     lvg = nn.value_and_grad(model, lambda m, b: loss_fn(m, frozen, b, tc))
@@ -458,6 +466,15 @@ def train(
             history.append({"step": step, "loss": lv, **{k: float(v) for k, v in metrics.items()},
                             "lr": float(lr_at(step)), "elapsed_s": el, "blocks_per_s": rate,
                             "supervised_blocks": prior_blocks + blocks, "window_passes": passes})
+        if tc.heldout and tc.heldout_every and ((step + 1) % tc.heldout_every == 0 or step == tc.steps - 1):
+            from mlxspec.train.heldout import heldout_tau
+
+            ho = heldout_tau(model, {**frozen, "d_ids": d_ids}, tc.heldout)
+            history.append({"step": step + 1, "supervised_blocks": prior_blocks + blocks,
+                            "distinct_tokens": prior_distinct + batcher.distinct_tokens, "elapsed_s": el,
+                            "heldout": {c: {"tau": r["tau"], "row1": r["per_position_acceptance"][0],
+                                            "acceptance": r["acceptance_rate"]} for c, r in ho.items()}})
+            bar.write(f"step {step + 1}: held-out tau " + ", ".join(f"{c} {r['tau']:.3f}" for c, r in ho.items()))
         if (step + 1) % tc.checkpoint_every == 0 or step == tc.steps - 1:
             _checkpoint(out, model, opt, step + 1, history, tc, cfg)
     bar.close()
@@ -516,7 +533,7 @@ def check_out_dir(out: Path, tc: TrainConfig, resume: bool, force: bool) -> None
             raise MlxspecError(f"{state}: the checkpoint state is unreadable; pass --no-resume --force to start over, "
                                "or a new --out") from None
         new = asdict(tc)
-        diff = [k for k in new if k not in ("steps", "checkpoint_every", "compile") and (k != "taps" or new[k])
+        diff = [k for k in new if k not in ("steps", "checkpoint_every", "compile", "heldout", "heldout_every") and (k != "taps" or new[k])
                 and json.loads(json.dumps(new[k])) != old.get(k, new[k])]
         if diff:
             shown = ", ".join(f"{k} {old.get(k)!r} there, {new[k]!r} here" for k in diff[:4])
