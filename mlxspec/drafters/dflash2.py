@@ -126,8 +126,13 @@ class DFlash2Model(DFlashModel):
     # -- pieces (the trainer's interface, as DFlashModel: context, layer_context_kv, hidden) --
     def logits(self, h: mx.array, head: mx.array) -> mx.array:
         """Block logits: (h @ head^T) * output_multiplier, then the softcap (float32)."""
+        return self.scale_logits(h @ head.T)
+
+    def scale_logits(self, z: mx.array) -> mx.array:
+        """Output multiplier, then softcap: increasing, so the top-k of raw h @ head^T are the
+        top-k of the logits (drafting scales only the k candidates' values)."""
         c = self.config
-        z = (h @ head.T).astype(mx.float32) * c.output_multiplier
+        z = z.astype(mx.float32) * c.output_multiplier
         if c.final_logit_softcapping:
             z = mx.tanh(z / c.final_logit_softcapping) * c.final_logit_softcapping
         return z

@@ -22,6 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxspec import kernels
+from mlxspec.drafters.dflash2 import top_candidates
 from mlxspec.drafters.model import DFlashModel
 from mlxspec.engine.verify import SamplingParams, probs_from_logits, sample_token
 from mlxspec.targets.load import default_dense
@@ -184,14 +185,12 @@ class BlockDrafter:
         return self.model.hidden(emb, pos, self.ctx_kv)[0]  # [n_rows, H]
 
     def base_logits(self, anchor: int, n: int) -> tuple[mx.array, mx.array]:
-        """Hidden states and logits (draft vocab, before any Markov correction) of the first
-        n predicting rows, read by the file's layout.
+        """Hidden states and logits (draft vocab, before any Markov correction or DFlash 2
+        scaling) of the first n predicting rows, read by the file's layout.
 
         The whole block is always run and the rows past n dropped: block rows attend to
         each other (no mask), so a shorter block would change every row's prediction."""
         h = self.block_hidden(anchor, self.block_size)[self.first_row : self.first_row + n]
-        if self.selector is not None:  # DFlash 2: output multiplier and softcap
-            return h, self.model.logits(h, self.head)
         return h, h @ self.head.T
 
     def to_target(self, draft_ids: mx.array) -> mx.array:
@@ -229,8 +228,10 @@ class BlockDrafter:
         and zero elsewhere (z-lab's; temperature only, no top-k / top-p), sampled by Gumbel-max
         with a key drawn from `rng`; verification receives exactly that q, so rejection
         sampling stays lossless whatever the target's own top-k / top-p."""
-        ids, unary, hp = self.model.selector_inputs(h, base)
-        cs = self.selector
+        model, cs = self.model, self.selector
+        ids, raw = top_candidates(base, model.config.selector_top_k)  # base: h @ head^T, before scaling
+        unary, hp = model.scale_logits(raw), cs.hidden_projection(h)
+        base = model.scale_logits(base)  # the block logits (lazy: only sampling and tests read them)
         temp = 0.0 if sp.greedy else float(sp.temperature)
         key = None if sp.greedy else int(rng.integers(0, 1 << 62))
         tokens, _, scores = kernels.selector_chain(unary, ids, hp, cs.predecessor_codebook, cs.successor_codebook,
