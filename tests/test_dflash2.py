@@ -384,3 +384,34 @@ def test_packed_blocks_equal_separate_drafts():
         sub = [(k[:, :, :a], v[:, :, :a]) for k, v in kv]
         one = m.hidden(emb[:, 4 * i : 4 * i + 4], mx.arange(a, a + 4)[None], sub, anchor_pos=a)[0]
         np.testing.assert_allclose(np.asarray(packed[4 * i : 4 * i + 4]), np.asarray(one), rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- command line
+
+def test_generate_with_a_dflash2_drafter_and_a_disagreeing_spec_type(tmp_path):
+    """mlxspec generate --draft DIR: the init line says lineage=dflash2 with the selector; a
+    --spec-type draft-dflash only warns; the text is the plain run's."""
+    import subprocess
+    import sys
+
+    from tiny_targets import write_tiny_dir
+
+    _, model_dir = write_tiny_dir(tmp_path / "target", "qwen3", seed=0)
+    cfg = dflash2_config()
+    save_drafter(random_dflash2(cfg), cfg, tmp_path / "d2", "zlab", target=tiny_target("qwen3", seed=0))
+
+    def cli(*args):
+        r = subprocess.run([sys.executable, "-m", "mlxspec.cli", "generate", "--model", model_dir, "--prompt",
+                            "w1 w2 w3 w4", "--max-tokens", "12", "--temp", "0", *args], capture_output=True, text=True,
+                           timeout=300, env={**__import__("os").environ, "HF_HUB_OFFLINE": "1"})
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r
+
+    plain = cli("--draft", "none")
+    got = cli("--draft", str(tmp_path / "d2"), "--spec-type", "draft-dflash")
+    assert "warning: requested draft-dflash but" in got.stderr and "using draft-dflash2" in got.stderr
+    assert "lineage=dflash2" in got.stderr and "selector=top8/r16" in got.stderr
+    text = lambda r: r.stdout.split("==========")[1]  # noqa: E731 (the generated text, not the timings)
+    assert text(got) == text(plain) and text(plain).strip()
+    ok = cli("--draft", str(tmp_path / "d2"), "--spec-type", "draft-dflash2")
+    assert "warning" not in ok.stderr and text(ok) == text(plain)
