@@ -290,6 +290,17 @@ def _drafter_view(path: str, lines: list[str], problems: list[str]) -> None:
         f"log-SNR: {'yes' if cfg.log_snr else 'no'}; own embedding: {'yes' if cfg.has_embed else 'no (uses the target embedding)'}; "
         f"own LM head: {'yes' if cfg.has_lm_head else 'no (uses the target LM head)'}"
     )
+    if cfg.lineage == "dflash2":
+        lt = cfg.layer_types or ()
+        n_slide = sum(t == "sliding_attention" for t in lt)
+        causal = {True: "yes", False: "no", None: "in sliding layers (is_causal absent)"}[cfg.block_causal]
+        lines.append(
+            f"  DFlash 2: path selector top-{cfg.selector_top_k}, rank {cfg.selector_rank}; convs {cfg.conv_kernel_size} "
+            f"taps, groups of {cfg.conv_group_size}; logits x{cfg.output_multiplier:g}, softcap "
+            f"{cfg.final_logit_softcapping if cfg.final_logit_softcapping else 'none'}; "
+            + (f"{n_slide} of {cfg.num_hidden_layers} layers sliding (window {cfg.sliding_window})" if n_slide
+               else "full attention") + f"; causal blocks: {causal}"
+        )
     for ln in log.getvalue().splitlines():
         if ln.strip():
             lines.append(f"  loader: {ln.strip()}")

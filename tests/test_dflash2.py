@@ -415,3 +415,14 @@ def test_generate_with_a_dflash2_drafter_and_a_disagreeing_spec_type(tmp_path):
     assert text(got) == text(plain) and text(plain).strip()
     ok = cli("--draft", str(tmp_path / "d2"), "--spec-type", "draft-dflash2")
     assert "warning" not in ok.stderr and text(ok) == text(plain)
+
+
+def test_inspect_describes_a_dflash2_drafter(tmp_path):
+    from mlxspec.inspect import inspect_path
+
+    cfg = dflash2_config()
+    save_drafter(random_dflash2(cfg), cfg, tmp_path / "d2", "zlab", target=tiny_target("qwen3"))
+    text = inspect_path(str(tmp_path / "d2"))
+    assert "role: drafter (dflash2), format zlab" in text
+    assert ("DFlash 2: path selector top-8, rank 16; convs 2 taps, groups of 8; logits x0.7, softcap 6.0; "
+            "1 of 2 layers sliding (window 8); causal blocks: no") in text
