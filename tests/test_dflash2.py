@@ -426,3 +426,23 @@ def test_inspect_describes_a_dflash2_drafter(tmp_path):
     assert "role: drafter (dflash2), format zlab" in text
     assert ("DFlash 2: path selector top-8, rank 16; convs 2 taps, groups of 8; logits x0.7, softcap 6.0; "
             "1 of 2 layers sliding (window 8); causal blocks: no") in text
+
+
+def test_drafts_do_not_depend_on_how_the_context_arrived(qwen):
+    """z-lab's absolute window is a function of positions only: the context appended in one
+    piece or in several gives the same drafts, also once the window binds."""
+    target, ids, _ = qwen
+    cfg = dflash2_config(sliding_window=5)
+    m = random_dflash2(cfg, seed=7)
+    _, taps = target(mx.array([ids]), target.make_cache(), taps=tuple(cfg.target_layer_ids))
+    one = BlockDrafter(m, target, dtype=mx.float32)
+    one.begin(ids[:11], taps[:, :11])
+    pieces = BlockDrafter(m, target, dtype=mx.float32)
+    pieces.begin(ids[:2], taps[:, :2])
+    for a, b in ((2, 3), (3, 7), (7, 11)):
+        pieces.draft(ids[a], 3, SamplingParams(), np.random.default_rng(0))
+        pieces.accept(ids[a:b], taps[:, a:b])
+    x = one.draft(ids[11], 3, SamplingParams(), np.random.default_rng(0))
+    y = pieces.draft(ids[11], 3, SamplingParams(), np.random.default_rng(0))
+    assert x.tokens == y.tokens
+    np.testing.assert_allclose(np.asarray(x.logits), np.asarray(y.logits), rtol=1e-5, atol=1e-5)
