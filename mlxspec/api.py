@@ -91,7 +91,7 @@ def load(
     num_draft_tokens: int | None = None,
     p_min: float | None = None,
     schedule: bool = False,
-    log=sys.stderr,
+    log=None,
     policy: str | None = None,
     ngram: bool = True,
 ):
@@ -104,6 +104,7 @@ def load(
     draft: a drafter path (dir or .gguf), "auto" (the shipped drafter when the default
     model is used, else none), or None.
     """
+    log = sys.stderr if log is None else log  # (resolved here: a default bound at import outlives a redirect)
     for name, v in (("model", model), ("draft", draft)):
         if v is not None and not isinstance(v, (str, os.PathLike)):
             raise MlxspecError(f"{name}={v!r}: pass a path (or a Hugging Face repo id) as a string, or None")
@@ -118,7 +119,7 @@ def load(
 
 
 def resolve_auto_draft(model: str | None, spec_type: str = "auto", *, ngram: bool = True,
-                       log=sys.stderr) -> tuple[str | None, str]:
+                       log=None) -> tuple[str | None, str]:
     """What `--draft auto` means for `model` -> (drafter path or None, spec type).
 
     The default model: its shipped DSpark drafter. Another target: its registry entry
@@ -128,6 +129,7 @@ def resolve_auto_draft(model: str | None, spec_type: str = "auto", *, ngram: boo
     Qwen2.5-Coder-0.5B: 1.27x autoregressive greedy, 1.02x at T=1; docs/bench-qwen2.5-coder-0.5b);
     with `ngram=False` (--no-ngram) it runs autoregressive.
     """
+    log = sys.stderr if log is None else log
     if spec_type in ("none", "ngram", "draft-simple"):  # no block drafter asked for
         return None, spec_type
     if model is None:
@@ -153,12 +155,13 @@ def load_speculator(
     num_draft_tokens: int | None = None,
     p_min: float | None = None,
     schedule: bool = False,
-    log=sys.stderr,
+    log=None,
     policy: str | None = None,
     ngram: bool = False,
 ) -> Speculator:
     """policy: "adaptive" | "fixed" | None (adaptive unless --block-size, --num-draft-tokens
     or --schedule pins the length). ngram: add prompt lookup beside a block drafter."""
+    log = sys.stderr if log is None else log
     if spec_type not in SPEC_TYPES:
         raise MlxspecError(f"--spec-type {spec_type!r} is not one of {', '.join(SPEC_TYPES)}")
     check_spec_args(block_size, num_draft_tokens, p_min)
