@@ -1,13 +1,17 @@
 #!/usr/bin/env python
-"""Drafter recipe ablations at an equal budget: one change at a time, held-out tau.
+"""Drafter recipe ablations at equal compute, one change at a time, on held-out prompts.
 
-    LD_PRELOAD=$(python -m mlxspec.blas) python scripts/ablate.py --data runs/data-1m3 \
-        --out runs/ablate --steps 200 --max-windows 192 --prompts 4
+    OPENBLAS_NUM_THREADS=1 LD_PRELOAD=$(python -m mlxspec.blas) python scripts/ablate.py \
+        --data runs/corpus1-smollm2:1,runs/regen-smollm2:1 --corpus-only runs/corpus1-smollm2 \
+        --out docs/bench/ablate --rows 400000 --init-from mlxspec/weights/smollm2-135m-dspark
 
-Every configuration trains from scratch on the same data prefix for the same number of
-steps, then drafts greedily (full blocks, fixed verify length) on the fixed held-out prompts
-(`mlxspec/data/prompts.json`, code and prose). Results go to <out>/ablate.json after each
-configuration (a rerun skips the finished ones) and as a markdown table to stdout.
+Compute is counted in drafter rows (windows x anchors x block rows, forward + backward):
+every configuration gets the same --rows, so a configuration with 16 anchors per window
+takes proportionally more steps than one with every anchor, and block 4 supervises twice
+as many blocks as block 8. Held-out tau comes from `mlxspec.train.heldout` (the engine's
+full-block greedy evaluation on mlxspec/data/prompts.json, replayed exactly). Results are
+written to <out>/ablate.json after each configuration (a rerun skips finished ones) and as a
+markdown table to stdout.
 """
 
 from __future__ import annotations
@@ -18,75 +22,74 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-# name -> changes against the baseline (TrainConfig fields)
+# name -> changes against the baseline (TrainConfig fields; "data": "corpus" = corpus store only)
 CONFIGS = {
-    "baseline (DSpark, CE, random init, 16 anchors x 4 seqs)": {},
-    "+ warm start from the target": {"warm_start": True},
-    "+ KL to the target's top-k": {"loss": "kl"},
-    "+ warm start + KL": {"warm_start": True, "loss": "kl"},
-    "32 anchors per window": {"anchors_per_seq": 32},
-    "2 drafter layers": {"layers": 2},
-    "DFlash lineage (no Markov/confidence head)": {"lineage": "dflash"},
+    "baseline: every anchor, lr 6e-4, block 8, corpus + regen, answer-only": {},
+    "16 anchors per window": {"anchors_per_seq": 16},
+    "64 anchors per window": {"anchors_per_seq": 64},
+    "lr 1e-3": {"lr": 1e-3},
+    "block 4": {"block_size": 4},
+    "corpus only": {"data": "corpus"},
+    "prompt positions supervised too": {"response_only": False},
 }
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--data", required=True)
+    ap.add_argument("--data", required=True, help="store mix, DIR:W,DIR:W (as mlxspec train --data)")
+    ap.add_argument("--corpus-only", required=True, help="the corpus store alone, for the 'corpus only' row")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=200)
-    ap.add_argument("--max-windows", type=int, default=None)
-    ap.add_argument("--prompts", type=int, default=4, help="held-out prompts per category")
-    ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--rows", type=int, default=400_000, help="drafter rows per configuration (equal compute)")
+    ap.add_argument("--seqs", type=int, default=4, help="windows per step")
+    ap.add_argument("--init-from", default=None, help="start every configuration from this drafter")
     ap.add_argument("--only", default=None, help="comma-separated config indices to run")
-    ap.add_argument("--configs", default=None, help="JSON file {name: {field: value}} instead of the built-in set")
     a = ap.parse_args()
 
-    from mlxspec.evaluate import run_prompts
     from mlxspec.targets.load import load_target
-    from mlxspec.prompts import encode_prompt, load_prompts
-    from mlxspec.engine.drafting import BlockDrafter
-    from mlxspec.train.trainer import TrainConfig, train
+    from mlxspec.train.heldout import build_heldout, frozen_for, heldout_tau
+    from mlxspec.train.trainer import TrainConfig, parse_data_mix, train
 
-    configs = json.loads(Path(a.configs).read_text()) if a.configs else CONFIGS
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     res_path = out / "ablate.json"
     results = json.loads(res_path.read_text()) if res_path.exists() else {}
     target, tok = load_target(None)
-    meta = json.loads((Path(a.data) / "meta.json").read_text())
-    prompts = load_prompts()
-    base = TrainConfig(steps=a.steps, taps=meta["taps"], max_windows=a.max_windows, checkpoint_every=10**9)
-    names = list(configs)
-    if a.only:
-        names = [names[int(i)] for i in a.only.split(",")]
-    for name in names:
-        key = f"{name} | steps={a.steps} windows={a.max_windows}"
+    mix = parse_data_mix(a.data)
+    taps = json.loads((Path(mix[0][0]) / "meta.json").read_text())["taps"]
+    heldout = build_heldout(target, tok, taps, Path("runs") / f"heldout-t{'_'.join(map(str, taps))}")
+    L = 256
+    names = list(CONFIGS)
+    pick = [names[int(i)] for i in a.only.split(",")] if a.only else names
+    for name in pick:
+        key = f"{name} | rows={a.rows} init={a.init_from}"
         if key in results:
             continue
-        tc = replace(base, **configs[name])
+        ch = dict(CONFIGS[name])
+        data = a.corpus_only if ch.pop("data", None) == "corpus" else mix
+        base = TrainConfig(taps=taps, lr=6e-4, warmup=10, seqs_per_step=a.seqs, anchors_per_seq=0,
+                           checkpoint_every=10**9, init_from=a.init_from)
+        tc = replace(base, **ch)
+        K = tc.anchors_per_seq or L - tc.block_size - 2
+        tc.steps = max(2, a.rows // (tc.seqs_per_step * K * tc.block_size))
+        run_dir = out / f"run{names.index(name)}"
         t0 = time.time()
-        run_dir = out / f"run{list(configs).index(name)}-w{a.max_windows}-s{a.steps}"
-        model, cfg, info = train(target, a.data, str(run_dir), tc, resume=False, force=True)
-        train_s = time.time() - t0
-        row = {"config": name, "changes": configs[name], "steps": a.steps, "max_windows": a.max_windows,
-               "train_seconds": train_s, "final_loss": info["history"][-1]["loss"],
-               "final_acc": info["history"][-1]["acc"]}
-        for cat in ("code", "prose"):
-            ids = [encode_prompt(tok, cat, p) for p in prompts[cat][: a.prompts]]
-            s, _ = run_prompts(target, tok, lambda t: BlockDrafter(model, t), ids, a.max_tokens)
-            row[cat] = {"acceptance": s.acceptance_rate, "tau": s.tau,
-                        "per_position": [round(x, 3) for x in s.per_position_acceptance]}
-        results[key] = row
+        model, cfg, info = train(target, data, str(run_dir), tc, resume=False, force=True, log=lambda *x: None)
+        secs = time.time() - t0
+        ho = heldout_tau(model, frozen_for(target, model), heldout)
+        h = [x for x in info["history"] if "supervised_blocks" in x and "loss" in x][-1]
+        results[key] = {"config": name, "changes": CONFIGS[name], "steps": tc.steps, "rows": a.rows,
+                        "supervised_blocks": h["supervised_blocks"], "train_seconds": secs,
+                        "final_train_acc": h.get("acc"), "init_from": a.init_from,
+                        **{c: ho[c] for c in ho}}
         res_path.write_text(json.dumps(results, indent=1))
-        print(f"{name}: code tau {row['code']['tau']:.2f} prose tau {row['prose']['tau']:.2f} "
-              f"({train_s:.0f} s)", flush=True)
-    print("\n| configuration | steps | windows | code tau | code 1st-row | prose tau | prose 1st-row | train s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        print(f"{name}: " + ", ".join(f"{c} tau {ho[c]['tau']:.3f} row1 {ho[c]['per_position_acceptance'][0]:.3f}"
+                                        for c in ho), flush=True)
+    print("\n| configuration | steps | supervised blocks | code tau (row 1) | prose tau (row 1) | chat tau (row 1) |")
+    print("|---|---|---|---|---|---|")
     for r in results.values():
-        print(f"| {r['config']} | {r['steps']} | {r['max_windows']} | {r['code']['tau']:.2f} | "
-              f"{r['code']['per_position'][0]:.2f} | {r['prose']['tau']:.2f} | {r['prose']['per_position'][0]:.2f} | "
-              f"{r['train_seconds']:.0f} |")
+        print(f"| {r['config']} | {r['steps']} | {r['supervised_blocks']:.0f} | "
+              + " | ".join(f"{r[c]['tau']:.3f} ({r[c]['per_position_acceptance'][0]:.2f})" for c in ("code", "prose", "chat"))
+              + " |")
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ def add_train_args(p):
                    help="regen stores: anchors in the prompt as well as the answer (default: answer only)")
     p.add_argument("--init-from", default=None,
                    help="start from a drafter export (e.g. mlxspec/weights/smollm2-135m-dspark) with the same shape")
-    p.add_argument("--no-compile", action="store_true", help="do not mx.compile the training step")
+    p.add_argument("--compile", action="store_true", help="mx.compile the training step (no faster on CPU, measured)")
     p.add_argument("--heldout-every", type=int, default=0,
                    help="every N steps, held-out tau from the target's greedy answers to the held-out prompts "
                         "(train.heldout: equals the engine's full-block evaluation, ~15 s), into the report's history")
@@ -205,7 +205,7 @@ def cmd_train(a) -> int:
         confidence_head=not a.no_confidence, draft_vocab=a.draft_vocab, labels=a.labels, steps=a.steps,
         seqs_per_step=a.seqs_per_step, anchors_per_seq=a.anchors_per_seq, lr=a.lr, warmup=a.warmup,
         seed=a.seed, taps=taps, loss=a.loss, warm_start=a.warm_start, max_windows=a.max_windows,
-        response_only=not a.all_positions, compile=not a.no_compile, init_from=a.init_from,
+        response_only=not a.all_positions, compile=a.compile, init_from=a.init_from,
         heldout_every=a.heldout_every,
     )
     if a.heldout_every:
