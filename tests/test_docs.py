@@ -1,0 +1,133 @@
+"""Every backticked reference to mlxspec in the docs resolves.
+
+A reference is a backticked `mlxspec.a.b` dotted name or `mlxspec/a/b` path inside an inline
+code span of a Markdown file (README.md, docs/**/*.md, mlxspec/**/*.md) or of a docstring of
+the package's modules (read with `ast`, never executed for the scan). A dotted name resolves
+when its longest importable prefix imports and the rest are attributes of it; a path resolves
+when the file or directory exists under the repository root (a glob when it has `*`).
+Fenced code blocks (shell sessions, Python examples) are not scanned: they are commands, not
+references. Names preceded by a path character (`~/.cache/mlxspec/profiles`,
+`.venv/bin/mlxspec`) are not references to the package either.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PKG = ROOT / "mlxspec"
+
+FENCE = re.compile(r"^\s*(```|~~~).*?^\s*\1[^\n]*$", re.S | re.M)
+SPAN = re.compile(r"(`+)(.+?)\1", re.S)          # inline code spans, single or double backticks
+DOTTED = re.compile(r"(?<![\w./~-])mlxspec(?:\.[A-Za-z_]\w*)+")
+PATH = re.compile(r"(?<![\w./~-])mlxspec/[\w./*-]*")
+
+
+def markdown_files() -> list[Path]:
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted(PKG.rglob("*.md"))]
+    return [f for f in files if f.is_file()]
+
+
+def docstrings(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of the module's, its classes' and its functions' docstrings."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                out.append((node.body[0].lineno, doc))
+    return out
+
+
+def located(text: str) -> list[tuple[int, str]]:
+    """(offset, reference) of the `mlxspec...` names and `mlxspec/...` paths inside the inline
+    code spans of `text`, fenced blocks left out (blanked, so offsets stay those of `text`)."""
+    text = FENCE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+    refs = []
+    for m in SPAN.finditer(text):
+        start = m.start(2)
+        refs += [(start + d.start(), d.group(0)) for d in DOTTED.finditer(m.group(2))]
+        refs += [(start + p.start(), p.group(0).rstrip(".,:;)")) for p in PATH.finditer(m.group(2))]
+    return sorted(refs)
+
+
+def references(text: str) -> list[str]:
+    return [ref for _, ref in located(text)]
+
+
+def resolves(ref: str) -> bool:
+    if "/" in ref:
+        rel = ref.rstrip("/")
+        if "*" in rel:
+            return any(ROOT.glob(rel))
+        return (ROOT / rel).exists()
+    parts = ref.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ModuleNotFoundError as e:
+            # only "this prefix is not a module" moves on to a shorter one; a module that
+            # exists but fails to import (a missing dependency inside it) is a real failure
+            if e.name is not None and ".".join(parts[:i]).startswith(e.name):
+                continue
+            raise
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                # a submodule not imported by its package yet
+                try:
+                    obj = importlib.import_module(f"{obj.__name__}.{attr}")
+                    continue
+                except (ModuleNotFoundError, AttributeError):
+                    return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def collect() -> list[tuple[str, str]]:
+    """(where, reference) for every reference in the docs and the package's docstrings."""
+    found = []
+    for md in markdown_files():
+        text = md.read_text(encoding="utf-8")
+        for at, ref in located(text):
+            found.append((f"{md.relative_to(ROOT)}:{text.count(chr(10), 0, at) + 1}", ref))
+    for py in sorted(PKG.rglob("*.py")):
+        for line, doc in docstrings(py):
+            for at, ref in located(doc):
+                found.append((f"{py.relative_to(ROOT)}:{line + doc.count(chr(10), 0, at)}", ref))
+    return found
+
+
+def test_extractor_finds_references_and_ignores_the_rest():
+    text = ("See `mlxspec.engine.loop.generate_steps(..., cache=)` and `mlxspec/weights/`, not "
+            "`~/.cache/mlxspec/profiles` nor `.venv/bin/mlxspec generate` nor `mlxspec serve`.\n"
+            "```bash\nmlxspec generate --draft mlxspec/nowhere\n```\n"
+            "``mlxspec.api.load``, `mlxspec/targets/rollback.py`.")
+    assert references(text) == ["mlxspec.engine.loop.generate_steps", "mlxspec/weights/",
+                                "mlxspec.api.load", "mlxspec/targets/rollback.py"]
+
+
+@pytest.mark.parametrize("ref", ["mlxspec.models.rollback", "mlxspec.api.no_such_function",
+                                 "mlxspec/drafters/smollm2-135m-dspark", "mlxspec/spec/policy.py"])
+def test_a_broken_reference_fails(ref):
+    assert not resolves(ref)
+
+
+@pytest.mark.parametrize("ref", ["mlxspec.api.resolve_auto_draft", "mlxspec.drafters.registry.identify",
+                                 "mlxspec.targets.rollback", "mlxspec.kernels", "mlxspec/weights/",
+                                 "mlxspec/targets/rollback.py", "mlxspec/weights/*-dspark"])
+def test_a_good_reference_resolves(ref):
+    assert resolves(ref)
+
+
+def test_docs_and_docstrings_reference_what_exists():
+    found = collect()
+    assert len(found) > 20, "the scan found almost nothing: the extractor is broken"
+    broken = sorted({f"{where}: `{ref}`" for where, ref in found if not resolves(ref)})
+    assert not broken, "references to mlxspec that do not resolve:\n" + "\n".join(broken)
