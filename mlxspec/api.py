@@ -101,8 +101,9 @@ def load(
     lookup beside a block drafter, used when the adaptive policy finds that it pays).
 
     model: .gguf file or MLX/HF dir; None = the default SmolLM2-135M-Instruct.
-    draft: a drafter path (dir or .gguf), "auto" (the shipped drafter when the default
-    model is used, else none), or None.
+    draft: a drafter path (dir or .gguf) or hub id, "auto" (`resolve_auto_draft`: the shipped
+    DSpark drafter for the default model, else the target's entry in the drafter registry,
+    else prompt lookup), or None.
     """
     log = sys.stderr if log is None else log  # (resolved here: a default bound at import outlives a redirect)
     for name, v in (("model", model), ("draft", draft)):
@@ -122,8 +123,12 @@ def resolve_auto_draft(model: str | None, spec_type: str = "auto", *, ngram: boo
                        log=None) -> tuple[str | None, str]:
     """What `--draft auto` means for `model` -> (drafter path or None, spec type).
 
-    The default model: its shipped DSpark drafter. Another target: its registry entry
-    (`mlxspec/data/registry.json`), named on `log`. A target with no known drafter gets
+    The default model (`model=None`): its shipped DSpark drafter
+    (`mlxspec/weights/smollm2-135m-dspark`). Another target is recognised by its contents
+    (`mlxspec.drafters.registry.identify`: a packaged GGUF's sha256, GGUF names, config.json
+    `_name_or_path`, the hub id or file name, then architecture and vocabulary) and gets its
+    most preferred entry in the drafter registry (`mlxspec/data/registry.json`: published DSpark /
+    DFlash / DFlash 2 repos and the shipped drafters), named on `log`. A target with no known drafter gets
     model-free prompt lookup (spec type "ngram") under the adaptive verify policy, which
     verifies a lookup only while it pays and otherwise takes one-token steps (measured on
     Qwen2.5-Coder-0.5B: 1.27x autoregressive greedy, 1.02x at T=1; docs/bench-qwen2.5-coder-0.5b);

@@ -13,7 +13,7 @@ The target is recognised by what it is, not what it is called (`identify`), in t
      targets mlxspec ships a drafter for (`SHAPES`).
 A name counts only when the registry has an entry for it. The drafter found is loaded like
 any --draft (hub ids through `mlxspec.hub`) and validated against the target before use
-(hidden size, taps, vocabulary: `drafters.load`).
+(hidden size, taps, vocabulary: `mlxspec.drafters.load`).
 """
 
 from __future__ import annotations

@@ -97,7 +97,7 @@ class LookupBlockDrafter:
     """A block drafter (DFlash / DSpark) with prompt lookup beside it (`--ngram`).
 
     `draft` is the block drafter's; `lookup` is the free n-gram proposal. Which one is
-    verified is the policy's choice (spec/policy.py), made from this request's measured
+    verified is the policy's choice (`mlxspec.engine.policy`), made from this request's measured
     acceptance of each, before either is verified."""
 
     def __init__(self, block, vocab_size: int, n_min: int = 2, n_max: int = 4):

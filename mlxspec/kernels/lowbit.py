@@ -93,7 +93,8 @@ def _codes_and_scale(w: mx.array, type_id: int, shape):
 
 
 def dequantize_mlx(w: mx.array, type_id: int, shape) -> mx.array:
-    """GGUF low-bit blocks -> float32 [N, K] with MLX ops (same values as loading.lowbit)."""
+    """GGUF low-bit blocks -> float32 [N, K] with MLX ops (same values as
+    `mlxspec.gguf.quants.dequantize`)."""
     N, K = (int(s) for s in shape)
     qk, _ = block_layout(type_id)
     codes, d = _codes_and_scale(w, type_id, shape)
@@ -106,7 +107,7 @@ def dequantize_mlx(w: mx.array, type_id: int, shape) -> mx.array:
 
 
 def repack_mlx_ops(w: mx.array, type_id: int, shape):
-    """Lossless MLX affine repack with MLX ops (lazy; see loading.lowbit.repack_mlx for the
+    """Lossless MLX affine repack with MLX ops (lazy; see `mlxspec.gguf.quants.repack_mlx` for the
     mapping): (w_q uint32, scales float32, biases float32, group_size, bits)."""
     N, K = (int(s) for s in shape)
     qk, _ = block_layout(type_id)

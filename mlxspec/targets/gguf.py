@@ -326,7 +326,7 @@ def load_gguf_target(path: str, native_lowbit: bool | None = None, dense: bool =
     """-> (mlx-lm model, config dict, GGUFFile, notes).
 
     native_lowbit: see `native_lowbit_enabled` (None = automatic).
-    dense: for the float32 dense path (`models.target.dequantize_model` follows): float
+    dense: for the float32 dense path (`mlxspec.targets.model.dequantize_model` follows): float
     tensors and tensors dequantized here stay float32 instead of float16, so every weight
     equals `gguf.quants.dequantize` exactly; MLX-quantized layers stay quantized."""
     g = read_gguf(path)

@@ -6,7 +6,7 @@ PrismML types, Q1_0 (41), Q2_0 (42), PQ2_0 (142) or PTQ1_0 (143): `weight` is ui
 the model's order. `__call__` is `kernels.lowbit_matmul`: the Metal / CUDA kernel where one
 runs, the pure-MLX reference elsewhere (correct but it repacks the weight on every call, so
 CPU inference should use the load-time repack or dense weights instead; see
-`loading.gguf_target.native_lowbit_enabled` and `models.target.dequantize_model`).
+`mlxspec.targets.gguf.native_lowbit_enabled` and `mlxspec.targets.model.dequantize_model`).
 
 The weight is not trainable (integer bytes); `dense()` gives it as float32 [N, K].
 """
@@ -62,7 +62,7 @@ class NativeLowBitLinear(nn.Module):
                 f"type={lowbit.BLOCKS[self.type_id][2]}, bias={'bias' in self}")
 
     def dense(self, dtype=mx.float32) -> mx.array:
-        """W as a dense [N, K] array (exact: lowbit.dequantize, then cast to dtype)."""
+        """W as a dense [N, K] array (exact: `mlxspec.gguf.quants.dequantize`, then cast to dtype)."""
         raw = np.array(self.weight.view(mx.uint8) if self.weight.dtype == mx.uint32 else self.weight)
         return mx.array(lowbit.dequantize(self.type_id, raw, self.shape)).astype(dtype)
 

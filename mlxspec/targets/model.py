@@ -5,7 +5,7 @@ loop): taps are taken by swapping the tapped entries of the decoder's `layers` l
 thin recording wrappers for the duration of one call, so any architecture mlx-lm runs
 (Llama, Qwen2/3, Qwen3-MoE, Mistral, Gemma-3 with sliding windows, Qwen3.5 with Gated
 DeltaNet layers, ...) is a target, provided its caches can be rolled back exactly
-(`models.rollback`: KV trim, rotating-window restore, recurrent-state replay). Anything
+(`mlxspec.targets.rollback`: KV trim, rotating-window restore, recurrent-state replay). Anything
 else gets a one-line `MlxspecError` naming the architecture.
 
 Tap convention (the one used everywhere inside mlxspec): tap id k = the output of
@@ -275,7 +275,7 @@ def dequantize_model(model: nn.Module, dtype=mx.float32) -> nn.Module:
     quantized: there the quantized kernels are the fast path.
 
     Also densifies `NativeLowBitLinear` layers (raw GGUF low-bit blocks) exactly, with
-    `loading.lowbit.dequantize`.
+    `mlxspec.gguf.quants.dequantize`.
     """
     def dense(m):
         if isinstance(m, NativeLowBitLinear):
