@@ -5,7 +5,8 @@ code span of a Markdown file (README.md, docs/**/*.md, mlxspec/**/*.md) or of a 
 the package's modules (read with `ast`, never executed for the scan). A dotted name resolves
 when its longest importable prefix imports and the rest are attributes of it; a path resolves
 when the file or directory exists under the repository root (a glob when it has `*`).
-Fenced code blocks (shell sessions, Python examples) are not scanned: they are commands, not
+Relative Markdown links (`[text](path#anchor)`) must point at a file that exists, and an
+anchor at a heading of that file (GitHub's slug). Fenced code blocks (shell sessions, Python examples) are not scanned: they are commands, not
 references. Names preceded by a path character (`~/.cache/mlxspec/profiles`,
 `.venv/bin/mlxspec`) are not references to the package either.
 """
@@ -131,3 +132,47 @@ def test_docs_and_docstrings_reference_what_exists():
     assert len(found) > 20, "the scan found almost nothing: the extractor is broken"
     broken = sorted({f"{where}: `{ref}`" for where, ref in found if not resolves(ref)})
     assert not broken, "references to mlxspec that do not resolve:\n" + "\n".join(broken)
+
+
+LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
+HEADING = re.compile(r"^#{1,6}\s+(.+?)\s*#*\s*$", re.M)
+
+
+def unfenced(text: str) -> str:
+    return FENCE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces -> hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def anchors(md: Path) -> set[str]:
+    return {slug(h) for h in HEADING.findall(unfenced(md.read_text(encoding="utf-8")))}
+
+
+def broken_links(md: Path) -> list[str]:
+    text = unfenced(md.read_text(encoding="utf-8"))
+    bad = []
+    for m in LINK.finditer(text):
+        target = m.group(1)
+        if re.match(r"[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (md.parent / path).resolve() if path else md
+        line = text.count("\n", 0, m.start()) + 1
+        if not dest.exists():
+            bad.append(f"{md.relative_to(ROOT)}:{line}: ({target}): no such file")
+        elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
+            bad.append(f"{md.relative_to(ROOT)}:{line}: ({target}): no such heading")
+    return bad
+
+
+def test_slug_is_githubs():
+    assert slug("Real GGUF models: Gemma-3-270M, Qwen2.5-Coder-0.5B") == "real-gguf-models-gemma-3-270m-qwen25-coder-05b"
+    assert slug("`--draft auto`") == "--draft-auto"
+
+
+def test_markdown_links_resolve():
+    bad = [b for md in markdown_files() for b in broken_links(md)]
+    assert not bad, "relative links that do not resolve:\n" + "\n".join(bad)
