@@ -355,3 +355,18 @@ def test_unsupported_tensor_type(tmp_path):
     r = run("generate", "--model", p, "--draft", "none", "--prompt", "hi")
     assert_user_error(r, f"mlxspec: error: {p}: unsupported tensor type for blk.1.ffn_up.weight (unknown type 99); "
                          "re-quantize the model to a supported type (F16, BF16, Q8_0, Q4_0, Q4_1, Q1_0, Q2_0, K-quants)")
+
+
+def test_generate_help_is_current():
+    """--spec-type lists every spec type the API takes (ngram included); --draft says what auto does."""
+    import argparse
+
+    from mlxspec.api import SPEC_TYPES
+    from mlxspec.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    actions = {a.dest: a.help for a in sub.choices["generate"]._actions}
+    assert " | ".join(SPEC_TYPES) in " ".join(actions["spec_type"].split())
+    draft = " ".join(actions["draft"].split())
+    assert "recognised by its contents" in draft and "prompt lookup (ngram)" in draft
+    assert "the shipped drafter for the default model" not in draft
