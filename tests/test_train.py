@@ -237,3 +237,37 @@ def test_heldout_replay_equals_the_engine(smollm2, tmp_path):
         assert (mine[cat]["accepted"], mine[cat]["drafted"]) == (ref[cat]["accepted"], ref[cat]["drafted"])
         assert mine[cat]["tau"] == pytest.approx(ref[cat]["tau"])
         np.testing.assert_allclose(mine[cat]["per_position_acceptance"], ref[cat]["per_position_acceptance"])
+
+
+def test_train_flags_that_do_not_apply_are_not_checked():
+    """--prefix-len belongs to generated windows only: corpus and regen windows of any
+    --seq-len pass, and in generated mode its default follows --seq-len (issue 25, item 5)."""
+    from mlxspec.cli import build_parser
+    from mlxspec.train.cli import check_train_args
+
+    p = build_parser()
+    for mode in ("corpus", "regen"):
+        check_train_args(p.parse_args(["train", "--out", "x", "--data-mode", mode, "--seq-len", "64"]))
+    a = p.parse_args(["train", "--out", "x", "--data-mode", "generated", "--seq-len", "64"])
+    check_train_args(a)
+    assert a.prefix_len == 16
+    with pytest.raises(MlxspecError, match="--prefix-len 64 is out of range"):
+        check_train_args(p.parse_args(["train", "--out", "x", "--data-mode", "generated", "--seq-len", "64",
+                                       "--prefix-len", "64"]))
+
+
+@pytest.mark.parametrize("where", ["notadir", "/dev/null/x"])
+def test_train_out_that_cannot_be_written_is_one_line(tmp_path, capsys, where):
+    """train --out under a file or under /dev/null: one line naming --out and the cause, exit
+    code 2, before the target is loaded (read-only and full disks: tests/test_fuzz.py's
+    output-path classes, through the same validate.check_output_dir)."""
+    from mlxspec.cli import main
+
+    if where == "notadir":
+        (tmp_path / "f").write_text("x")
+        out = tmp_path / "f" / "run"
+    else:
+        out = where
+    assert main(["train", "--out", str(out), "--steps", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"mlxspec: error: --out {out}: ") and "not a directory" in err[0], err

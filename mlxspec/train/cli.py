@@ -17,7 +17,7 @@ from mlxspec.train.export import export_all
 from mlxspec.train.heldout import build_heldout
 from mlxspec.train.regen import prepare_regen_store
 from mlxspec.train.trainer import TrainConfig, parse_data_mix, train
-from mlxspec.validate import MAX_BLOCK, check_float_arg, check_int_arg
+from mlxspec.validate import MAX_BLOCK, check_float_arg, check_int_arg, check_output_dir, writing
 
 DEFAULT_TOKENS = "code=650000,prose=520000,fortunes=130000"
 
@@ -149,6 +149,9 @@ def check_train_args(a) -> None:
 
 def cmd_train(a) -> int:
     check_train_args(a)
+    check_output_dir("--out", a.out)  # before minutes of loading and data preparation
+    if a.data and len(parse_data_mix(a.data)) == 1:
+        check_output_dir("--data", parse_data_mix(a.data)[0][0])
     check_blas()
     target, tok = load_target(a.model)
     n_layers = target.info.num_layers
@@ -180,15 +183,17 @@ def cmd_train(a) -> int:
                 raise MlxspecError(f"--data {a.data}: {d} holds no prepared store; prepare each store first "
                                    "(mlxspec train --prepare-only --data DIR ...)")
     elif a.data_mode == "regen":
-        prepare_regen_store(target, tok, data, taps, a.seq_len, windows=a.regen_windows, batch=a.data_batch or 64,
-                            seed=a.seed, max_seconds=a.data_seconds)
+        with writing("--data", data):
+            prepare_regen_store(target, tok, data, taps, a.seq_len, windows=a.regen_windows, batch=a.data_batch or 64,
+                                seed=a.seed, max_seconds=a.data_seconds)
     elif a.data_mode == "corpus":
         stored = data / "meta.json"
         if stored.exists() and a.tokens is None:
             budget = json.loads(stored.read_text()).get("budget", budget)  # resume with the store's own budget
         if a.prepare_only or not stored.exists() or a.tokens is not None:
-            prepare_shards(target, tok, data, taps, a.seq_len, budget, batch=a.data_batch or 16, sources=sources,
-                           max_seconds=a.data_seconds)
+            with writing("--data", data):
+                prepare_shards(target, tok, data, taps, a.seq_len, budget, batch=a.data_batch or 16,
+                               sources=sources, max_seconds=a.data_seconds)
     elif not (data / "meta.json").exists():
         t0 = time.time()
         prepare_generated_shards(target, tok, data, taps, a.prefix_len, a.seq_len - a.prefix_len, budget,
@@ -212,13 +217,16 @@ def cmd_train(a) -> int:
         tc.heldout = str(build_heldout(target, tok, taps, cache_dir() / "heldout" / f"{name}-t{'_'.join(map(str, taps))}"))
     out = Path(a.out)
     t0 = time.time()
-    model, cfg, info = train(target, mix or str(data), str(out), tc, resume=not a.no_resume, force=a.force)
+    with writing("--out", out):
+        model, cfg, info = train(target, mix or str(data), str(out), tc, resume=not a.no_resume, force=a.force)
     train_s = time.time() - t0
-    paths = export_all(model, cfg, out, target=target)
+    with writing("--out", out):
+        paths = export_all(model, cfg, out, target=target)
     report = {"train_config": asdict(tc), "train_seconds_this_run": train_s,
               "history": info["history"], "exports": [str(p) for p in paths]}
     if a.eval_prompts:
         report["eval"] = evaluate_drafter(target, tok, paths[0], n_per_category=a.eval_prompts)
-    (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
+    with writing("--out", out):
+        (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     print(f"wrote {', '.join(str(p) for p in paths)} and {out / 'report.json'}")
     return 0
