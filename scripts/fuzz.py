@@ -6,7 +6,10 @@
 Every case must end as a one-line error with exit 2 ("error"), or a normal run whose output
 equals the uncorrupted baseline ("same"; "ok" for valid flag values). Any other verdict
 (traceback, crash, hang, oom, wrong, accepted, refused, bad-error, bad-exit) is listed and
-makes the exit status 1. Cases and mechanics: tests/fuzz_harness.py.
+makes the exit status 1. A case that names its cause must be refused naming it ("misleading"
+otherwise). Every run includes the generated classes of issue 25 (non-UTF-8 text in every
+text input, every output path under every bad parent, GGUF drafter tensor types, the
+misleading-message configs). Cases and mechanics: tests/fuzz_harness.py.
 """
 
 import argparse
@@ -27,7 +30,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--limit", type=float, default=fh.CASE_LIMIT_S, help="seconds per case")
     ap.add_argument("--verbose", "-v", action="store_true", help="one line per case")
-    ap.add_argument("--group", action="append", default=None, help="run only this group of cases (repeatable)")
+    ap.add_argument("--group", action="append", default=None,
+                    help="run only this group of cases (repeatable): gguf-target, gguf-drafter, gguf-types, "
+                         "hf-drafter, hf-target, raw-target, raw-drafter, inspect, flags, text, outputs, messages, "
+                         "api, files")
     a = ap.parse_args()
     if a.cases < 1 or a.seed < 0:
         ap.error("--cases must be >= 1 and --seed >= 0")
