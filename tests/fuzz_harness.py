@@ -7,7 +7,8 @@ Every case must end in one of two ways:
     flag value, which has no baseline of its own).
 Anything else is a failure: traceback, crash (signal), hang (time limit), oom (memory cap),
 wrong (output differs from the baseline without a word), accepted (an out-of-range flag ran),
-refused (a valid flag value was refused), bad-error (an error that is not one line / exit 2).
+refused (a valid flag value was refused), bad-error (an error that is not one line / exit 2),
+misleading (an error that does not name the cause the case names, `Case.mention`).
 
 Mutations are built with real writers (the `gguf` package's GGUFWriter, `safetensors`, `json`)
 from a tiny llama target (tests/conftest.py's tiny model, 2 layers, vocabulary 261) and a
