@@ -11,8 +11,8 @@ mlx-lm model can pass it straight in: `generate(mlx_lm_model, mlx_lm_tokenizer, 
 
 from __future__ import annotations
 
+import logging
 import os
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -28,6 +28,7 @@ from mlxspec.engine.policy import PolicyMemory, VerifyPolicy
 from mlxspec.engine.profile import verify_profile
 from mlxspec.engine.verify import SamplingParams
 from mlxspec.errors import MlxspecError
+from mlxspec.logger import say
 from mlxspec.targets.load import load_target
 from mlxspec.targets.model import Target
 from mlxspec.validate import check_prompt_ids, check_sampling_args, check_spec_args, check_text
@@ -105,7 +106,6 @@ def load(
     DSpark drafter for the default model, else the target's entry in the drafter registry,
     else prompt lookup), or None.
     """
-    log = sys.stderr if log is None else log  # (resolved here: a default bound at import outlives a redirect)
     for name, v in (("model", model), ("draft", draft)):
         if v is not None and not isinstance(v, (str, os.PathLike)):
             raise MlxspecError(f"{name}={v!r}: pass a path (or a Hugging Face repo id) as a string, or None")
@@ -128,13 +128,12 @@ def resolve_auto_draft(model: str | None, spec_type: str = "auto", *, ngram: boo
     (`mlxspec.drafters.registry.identify`: a packaged GGUF's sha256, GGUF names, config.json
     `_name_or_path`, the hub id or file name, then architecture and vocabulary) and gets its
     most preferred entry in the drafter registry (`mlxspec/data/registry.json`: published DSpark /
-    DFlash / DFlash 2 repos and the shipped drafters), named on `log`. A target with no known drafter gets
+    DFlash / DFlash 2 repos and the shipped drafters), named in one line (`mlxspec.logger.say`). A target with no known drafter gets
     model-free prompt lookup (spec type "ngram") under the adaptive verify policy, which
     verifies a lookup only while it pays and otherwise takes one-token steps (measured on
     Qwen2.5-Coder-0.5B: 1.27x autoregressive greedy, 1.02x at T=1; docs/bench-qwen2.5-coder-0.5b);
     with `ngram=False` (--no-ngram) it runs autoregressive.
     """
-    log = sys.stderr if log is None else log
     if spec_type in ("none", "ngram", "draft-simple"):  # no block drafter asked for
         return None, spec_type
     if model is None:
@@ -145,9 +144,9 @@ def resolve_auto_draft(model: str | None, spec_type: str = "auto", *, ngram: boo
     if entry is None:
         if spec_type != "auto":  # a lineage was asked for: load_speculator says to pass --draft PATH
             return None, spec_type
-        print(f"mlxspec: --draft auto: {describe(str(model), ngram=ngram, ident=ident)}", file=log)
+        say(f"mlxspec: --draft auto: {describe(str(model), ngram=ngram, ident=ident)}", log)
         return None, "ngram" if ngram else "auto"
-    print(f"mlxspec: --draft auto: {describe(str(model), ident=ident)}", file=log)
+    say(f"mlxspec: --draft auto: {describe(str(model), ident=ident)}", log)
     return entry["path"], spec_type
 
 
@@ -166,7 +165,6 @@ def load_speculator(
 ) -> Speculator:
     """policy: "adaptive" | "fixed" | None (adaptive unless --block-size, --num-draft-tokens
     or --schedule pins the length). ngram: add prompt lookup beside a block drafter."""
-    log = sys.stderr if log is None else log
     if spec_type not in SPEC_TYPES:
         raise MlxspecError(f"--spec-type {spec_type!r} is not one of {', '.join(SPEC_TYPES)}")
     check_spec_args(block_size, num_draft_tokens, p_min)
@@ -197,8 +195,8 @@ def load_speculator(
 
     dmodel, cfg = load_drafter(draft, target.info, requested=spec_type, log=log)
     if num_draft_tokens is not None:
-        print(f"mlxspec: warning: --num-draft-tokens applies to draft-simple and ngram; the {cfg.lineage} "
-              "block drafter ignores it (use --block-size to shorten its block)", file=log)
+        say(f"mlxspec: warning: --num-draft-tokens applies to draft-simple and ngram; the {cfg.lineage} "
+            "block drafter ignores it (use --block-size to shorten its block)", log, logging.WARNING)
     if block_size is not None:
         if block_size > cfg.block_size:
             raise MlxspecError(
@@ -208,8 +206,8 @@ def load_speculator(
         if block_size < (1 if cfg.sample_from_anchor else 2):
             raise MlxspecError(f"--block-size {block_size} leaves no draft rows; use 2 or more")
     if (p_min is not None or schedule) and not cfg.confidence_head:
-        print(f"mlxspec: warning: {Path(draft).name} has no confidence head; "
-              "--p-min / --schedule are ignored (full blocks are verified)", file=log)
+        say(f"mlxspec: warning: {Path(draft).name} has no confidence head; "
+            "--p-min / --schedule are ignored (full blocks are verified)", log, logging.WARNING)
         p_min, schedule = None, False
     bs = block_size or cfg.block_size
     if ngram:

@@ -20,6 +20,7 @@ from mlxspec.args import (
     read_prompt,
 )
 from mlxspec.errors import MlxspecError
+from mlxspec.logger import to_stderr
 
 
 class _Parser(argparse.ArgumentParser):
@@ -116,6 +117,11 @@ def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     ap = build_parser()
     a = ap.parse_args(argv)
+    with to_stderr():  # the library's report lines (mlxspec.logger), printed as they always were
+        return _run(a)
+
+
+def _run(a) -> int:
     try:
         if a.cmd == "generate":
             from mlxspec import distributed

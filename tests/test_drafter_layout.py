@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 from dataclasses import FrozenInstanceError, asdict
 
@@ -15,6 +16,7 @@ from mlxspec.errors import MlxspecError
 from mlxspec.drafters.config import DrafterConfig
 from mlxspec.drafters.formats import read_drafter
 from mlxspec.drafters.load import load_drafter, resolve_layout
+from mlxspec.logger import to_stderr
 from mlxspec.targets.model import TargetInfo
 from test_drafter_formats import edit_config, make_cfg, make_model, rewrite_gguf, write
 
@@ -205,17 +207,32 @@ def test_unknown_requested_type():
 
 
 def test_init_line_exact_and_on_stderr(files, capsys):
-    load_drafter(files["gguf-dspark"])
+    """The command line (`to_stderr`, as `mlxspec.cli.main` runs every command) prints it alone."""
+    with to_stderr():
+        load_drafter(files["gguf-dspark"])
     err = capsys.readouterr().err.splitlines()
     assert err == [
         "mlxspec: drafter lineage=dspark sample_from_anchor=true block_size=7 taps=1,3,5 mask=500 "
         "markov=vanilla/r16 confidence=yes log_snr=no format=gguf layout_from=key:dflash.sample_from_anchor"
     ]
-    load_drafter(files["zlab-dflash"])
+    with to_stderr():
+        load_drafter(files["zlab-dflash"])
     assert capsys.readouterr().err.splitlines() == [
         "mlxspec: drafter lineage=dflash sample_from_anchor=false block_size=7 taps=1,3,5 mask=500 markov=none "
         "confidence=no log_snr=no format=zlab layout_from=convention:zlab"
     ]
+
+
+def test_library_reports_through_the_mlxspec_logger(files, capsys, caplog):
+    """Outside the command line the init line goes to logging.getLogger("mlxspec"), at INFO,
+    and nothing is printed; a mismatch warning is at WARNING."""
+    with caplog.at_level(logging.INFO, logger="mlxspec"):
+        load_drafter(files["zlab-dflash"])
+        load_drafter(files["gguf-dspark"], requested="draft-dflash")
+    assert capsys.readouterr().err == ""
+    got = [(r.name, r.levelno, r.getMessage().split(" ")[1]) for r in caplog.records]
+    assert got == [("mlxspec", logging.INFO, "drafter"), ("mlxspec", logging.WARNING, "warning:"),
+                   ("mlxspec", logging.INFO, "drafter")]
 
 
 # ----------------------------------------------------------------------------- target validation

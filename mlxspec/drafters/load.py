@@ -11,9 +11,9 @@ that disagrees only produces a warning.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
-import sys
 from dataclasses import asdict
 
 import mlx.core as mx
@@ -26,6 +26,7 @@ from mlxspec.drafters.build import make_model
 from mlxspec.drafters.model import DFlashModel
 from mlxspec.errors import MlxspecError
 from mlxspec.hub import resolve
+from mlxspec.logger import say
 from mlxspec.targets.model import TargetInfo
 from mlxspec.validate import MAX_BLOCK, check_finite_weights, check_output_dir, check_output_file, writing
 
@@ -260,12 +261,12 @@ def load_drafter(path, target_info: TargetInfo | None = None, requested: str = "
 
     The file decides lineage (DSpark iff a Markov head) and layout (`resolve_layout`);
     a disagreeing `requested` type only produces a warning. With `target_info` the
-    drafter is validated against the target first. Prints one init line to `log`
-    (stderr by default).
+    drafter is validated against the target first. Reports one init line (and the warning
+    when `requested` disagrees) through `mlxspec.logger.say`: to `log` when given, else to
+    the `mlxspec` logger.
     """
     if requested not in REQUESTED:
         raise MlxspecError(f"unknown drafter type {requested!r}; use one of: {', '.join(REQUESTED)}")
-    log = sys.stderr if log is None else log
     path = resolve(str(path), "drafter")  # a Hugging Face repo id -> its local snapshot, like mlx_lm
     raw = read_drafter(path, None if target_info is None else target_info.vocab_size)
     spec = raw.spec
@@ -282,8 +283,8 @@ def load_drafter(path, target_info: TargetInfo | None = None, requested: str = "
     model = build_model(raw, cfg)
     warning = mismatch_warning(raw.path, cfg, requested)
     if warning:
-        print(warning, file=log)
-    print(init_line(cfg, layout_from), file=log)
+        say(warning, log, logging.WARNING)
+    say(init_line(cfg, layout_from), log)
     return model, cfg
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from mlx.utils import tree_flatten
 from mlxspec.cache import cache_dir, packaged_repo
 from mlxspec.errors import MlxspecError
 from mlxspec.gguf.file import read_gguf
+from mlxspec.logger import say
 from mlxspec.targets.load import load_target, resolve_model_path
 from mlxspec.targets.model import dequantize_model
 from mlxspec.validate import check_free_space, check_output_dir, writing
@@ -120,7 +120,7 @@ def cached_mlx_copy(gguf: str, dtype: str, root: str | None = None, log=None) ->
     stamp = out / ".source"
     sig = f"{src.resolve()} {src.stat().st_size} {src.stat().st_mtime_ns}"
     if not (out / "config.json").exists() or not stamp.exists() or stamp.read_text() != sig:
-        print(f"writing {src.name} as an MLX directory for mlx_lm: {out} (--dtype {dtype})", file=log or sys.stderr)
+        say(f"writing {src.name} as an MLX directory for mlx_lm: {out} (--dtype {dtype})", log)
         convert_to_mlx(str(src), str(out), dtype=dtype, force=True)
         stamp.write_text(sig)
     return out
