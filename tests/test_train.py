@@ -271,3 +271,59 @@ def test_train_out_that_cannot_be_written_is_one_line(tmp_path, capsys, where):
     assert main(["train", "--out", str(out), "--steps", "1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"mlxspec: error: --out {out}: ") and "not a directory" in err[0], err
+
+
+def test_dflash2_training_forward_equals_the_drafting_forward():
+    """DFlash 2's training forward (K packed blocks, convs inside each block, `block_attention`)
+    equals `DFlash2Model.hidden` drafting one block at that anchor, and the trainer's greedy
+    choice is the path selector's chain under teacher forcing."""
+    from mlxspec.drafters.build import make_model
+    from mlxspec.drafters.config import DrafterConfig
+    from mlxspec.train.trainer import block_hidden_dflash2
+
+    c = DrafterConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, block_size=4, target_layer_ids=[0, 1], mask_token_id=3,
+                      vocab_size=100, sample_from_anchor=False, rms_norm_eps=1e-6, rope_theta=10000.0,
+                      conv_kernel_size=2, conv_group_size=16, selector_rank=8, selector_top_k=4)
+    mx.random.seed(1)
+    m = make_model(c)
+    for layer in m.layers:  # non-zero convs so that a wrong block boundary shows
+        for conv in (layer.attention_conv, layer.mlp_conv):
+            conv.base_kernel = mx.random.normal(conv.base_kernel.shape) * 0.5 + 0.5
+    S, L, K, B = 2, 20, 3, 4
+    taps = mx.random.normal((S, L, 128))
+    anchors = mx.array([[2, 7, 15], [1, 9, 14]])
+    emb = mx.random.normal((S, K, B, 64))
+    pos = anchors[:, :, None] + mx.arange(B)
+    h = block_hidden_dflash2(m, taps, emb, pos, anchors)
+    for s in range(S):
+        for k in range(K):
+            a = int(anchors[s, k])
+            kv = m.layer_context_kv(m.context(taps[s : s + 1, :a]), mx.arange(a)[None])
+            ref = m.hidden(emb[s : s + 1, k], pos[s : s + 1, k], kv, anchor_pos=a)
+            np.testing.assert_allclose(np.asarray(h[s, k]), np.asarray(ref[0]), atol=2e-5)
+
+
+def test_dflash2_trains_exports_and_loads_back(smollm2, shards, tmp_path):
+    """mlxspec train --lineage dflash2: the loss goes down; the HF and GGUF exports load back
+    as lineage dflash2 (bonus-anchor) with the trained selector and give the same drafts."""
+    target, tok = smollm2
+    out = tmp_path / "run"
+    tc = _tc(lineage="dflash2", steps=8, sample_from_anchor=False, markov_rank=0, selector_rank=8,
+             selector_top_k=4, intermediate_size=64)
+    model, cfg, info = train(target, str(shards), str(out), tc, resume=False, log=lambda *a: None)
+    h = [x for x in info["history"] if "loss" in x]
+    assert h[-1]["loss"] < h[0]["loss"], h
+    assert cfg.lineage == "dflash2" and cfg.sample_from_anchor is False and cfg.draft_vocab_size is None
+    hf, gg = export_all(model, cfg, out, target=target)
+    ids = tok.encode("def add(a, b):\n    return", add_special_tokens=False)
+    drafts = []
+    for p in (hf, gg):
+        m, c2 = load_drafter(str(p), target.info, log=io.StringIO())
+        assert c2.lineage == "dflash2" and c2.selector_top_k == 4 and c2.sample_from_anchor is False
+        d = BlockDrafter(m, target)
+        cache = target.make_cache()
+        _, taps = target(mx.array([ids]), cache, taps=d.taps)
+        d.begin(ids, taps)
+        drafts.append(d.draft(ids[-1], 3, SamplingParams(), np.random.default_rng(0)).tokens)
+    assert drafts[0] == drafts[1] and len(drafts[0]) == 3

@@ -24,7 +24,8 @@ DEFAULT_TOKENS = "code=650000,prose=520000,fortunes=130000"
 
 def add_train_args(p):
     p.add_argument("--model", "-m", default=None, help="target (default SmolLM2-135M-Instruct)")
-    p.add_argument("--lineage", choices=("dspark", "dflash"), default="dspark")
+    p.add_argument("--lineage", choices=("dspark", "dflash", "dflash2"), default="dspark",
+                   help="dflash2: dynamic convs + path selector, bonus-anchor layout, full vocabulary (as z-lab)")
     p.add_argument("--out", "-o", required=True, help="output directory (checkpoints, exports, report)")
     p.add_argument("--data", default=None,
                    help="data store directory (default: <cache>/shards/<model>-<mode>-...); prepared on first use. "
@@ -55,7 +56,8 @@ def add_train_args(p):
                         "the third-to-last, e.g. 1,8,15,22,28 for SmolLM2's 30 layers, 1,5,9,13,16 for Gemma-3-270M's 18)")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--block-size", type=int, default=8)
-    p.add_argument("--layout", choices=("anchor-first", "bonus-anchor"), default="anchor-first")
+    p.add_argument("--layout", choices=("anchor-first", "bonus-anchor"), default=None,
+                   help="default: bonus-anchor for dflash2 (its published layout), anchor-first otherwise")
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--intermediate-size", type=int, default=1536)
     p.add_argument("--markov-rank", type=int, default=32)
@@ -127,6 +129,9 @@ def check_train_args(a) -> None:
         check_int_arg("--prefix-len", a.prefix_len, 1, a.seq_len - 1)
     check_int_arg("--regen-windows", a.regen_windows, 1)
     check_int_arg("--heldout-every", a.heldout_every, 0)
+    if a.lineage == "dflash2" and a.layout == "anchor-first":
+        raise MlxspecError("--lineage dflash2 --layout anchor-first: DFlash 2 files are bonus-anchor (z-lab's layout, "
+                           "the only one its readers know); drop --layout")
     check_int_arg("--seqs-per-step", a.seqs_per_step, 1)
     check_int_arg("--anchors-per-seq", a.anchors_per_seq, 0)
     check_int_arg("--warmup", a.warmup, 0)
@@ -205,7 +210,8 @@ def cmd_train(a) -> int:
     if a.prepare_only:
         return 0
     tc = TrainConfig(
-        lineage=a.lineage, block_size=a.block_size, sample_from_anchor=a.layout == "anchor-first",
+        lineage=a.lineage, block_size=a.block_size,
+        sample_from_anchor=(a.layout or ("bonus-anchor" if a.lineage == "dflash2" else "anchor-first")) == "anchor-first",
         layers=a.layers, intermediate_size=a.intermediate_size, markov_rank=a.markov_rank,
         confidence_head=not a.no_confidence, draft_vocab=a.draft_vocab, labels=a.labels, steps=a.steps,
         seqs_per_step=a.seqs_per_step, anchors_per_seq=a.anchors_per_seq, lr=a.lr, warmup=a.warmup,

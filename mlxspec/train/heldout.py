@@ -48,7 +48,7 @@ def build_heldout(target, tokenizer, taps, out: str | Path, n_per_category: int 
 def _accepted_lengths(model, frozen, tokens: np.ndarray, taps: mx.array, lo: int, hi: int, end: int) -> np.ndarray:
     """Accepted drafts at every anchor a in [lo, hi) of one greedy continuation whose valid
     tokens end at `end` (drafts past it are never counted as accepted)."""
-    from mlxspec.train.trainer import block_logits
+    from mlxspec.train.trainer import block_logits, draft_choice
 
     c = model.config
     B = c.block_size
@@ -63,8 +63,8 @@ def _accepted_lengths(model, frozen, tokens: np.ndarray, taps: mx.array, lo: int
     prev = tokens[np.minimum(q - 1, L - 1)]
     b = {"taps": taps[None], "block_tok": mx.array(block[None]), "pos": mx.array(pos[None].astype(np.int32)),
          "anchors": mx.array(anchors[None].astype(np.int32)), "prev": mx.array(prev[None].astype(np.int32))}
-    logits, _, _ = block_logits(model, frozen, b)
-    pred = np.asarray(mx.argmax(logits, axis=-1))[0]  # [K, n] draft ids
+    logits, h, _ = block_logits(model, frozen, b)
+    pred = np.asarray(draft_choice(model, logits, h, b["prev"]))[0]  # [K, n] draft ids
     ok = (frozen["d_ids"][pred] == truth) & (truth >= 0)
     return np.cumprod(ok, axis=1).sum(axis=1)
 

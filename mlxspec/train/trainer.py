@@ -33,15 +33,20 @@ from mlx.utils import tree_flatten
 from tqdm import tqdm
 
 from mlxspec.drafters.config import DrafterConfig
+from mlxspec.drafters.build import make_model
 from mlxspec.drafters.model import DFlashModel, rope
 from mlxspec.errors import MlxspecError
+from mlxspec.kernels.selector import teacher_scores
 from mlxspec.targets.model import norm_scale, target_head_rows
 from mlxspec.train.data import load_shards, taps_from_store
 
 
 @dataclass
 class TrainConfig:
-    lineage: str = "dspark"  # dspark | dflash
+    lineage: str = "dspark"  # dspark | dflash | dflash2
+    selector_rank: int = 64  # dflash2: codebook rank
+    selector_top_k: int = 8  # dflash2: candidates per row
+    conv_group_size: int = 16  # dflash2: channels per dynamic conv coefficient
     block_size: int = 8
     sample_from_anchor: bool = True
     layers: int = 1
@@ -118,7 +123,11 @@ def make_drafter_config(tc: TrainConfig, target_info, target_cfg: dict) -> Draft
         rope_theta=float(target_cfg.get("rope_theta", 10000.0)),
         markov_rank=tc.markov_rank if tc.lineage == "dspark" else 0,
         confidence_head=tc.confidence_head and tc.lineage == "dspark",
-        draft_vocab_size=tc.draft_vocab or None,
+        draft_vocab_size=(tc.draft_vocab or None) if tc.lineage != "dflash2" else None,
+        conv_kernel_size=2 if tc.lineage == "dflash2" else 0,
+        conv_group_size=tc.conv_group_size if tc.lineage == "dflash2" else 0,
+        selector_rank=tc.selector_rank if tc.lineage == "dflash2" else 0,
+        selector_top_k=tc.selector_top_k if tc.lineage == "dflash2" else 0,
         source_format="mlxspec-train",
         layout_reason="set explicitly by mlxspec train",
     )
@@ -266,11 +275,35 @@ def block_hidden(model: DFlashModel, taps: mx.array, emb: mx.array, pos: mx.arra
     return model.norm(h)
 
 
+def block_hidden_dflash2(model, taps: mx.array, emb: mx.array, pos: mx.array, anchors: mx.array) -> mx.array:
+    """`block_hidden` for DFlash 2 (`drafters/dflash2.py`): each layer's dynamic convs run along
+    the rows of each block (`DFlash2Layer.run`), attention is `block_attention`. Full-attention,
+    non-causal layers only (what `mlxspec train` builds)."""
+    S, L, _ = taps.shape
+    _, K, B, H = emb.shape
+    ctx = model.context(taps)
+    layer_kv = model.layer_context_kv(ctx, mx.broadcast_to(mx.arange(L)[None], (S, L)))
+    visible = mx.arange(L)[None, None, :] < anchors[:, :, None]
+    ctx_bias = mx.where(visible, 0.0, -mx.inf).astype(mx.float32)[:, None, None, :, None, :]
+    h = model.block_embeddings(emb).reshape(S, K * B, H)
+    for layer, (ck, cv) in zip(model.layers, layer_kv):
+        def attend(y, layer=layer, ck=ck, cv=cv):
+            return block_attention(layer.self_attn, y.reshape(S, K, B, H), pos, ck, cv, ctx_bias).reshape(S, K * B, H)
+
+        h = layer.run(h, attend, B)
+    return model.norm(h).reshape(S, K, B, H)
+
+
 def block_logits(model: DFlashModel, frozen: dict, b: dict):
     """Teacher-forced draft logits [S, K, n, V_draft] of the predicting rows of every block
-    (Markov bias conditioned on b["prev"]), their hidden states and the Markov state."""
+    (Markov bias conditioned on b["prev"]; DFlash 2: multiplier and softcap), their hidden
+    states and the Markov state."""
     c = model.config
     emb = frozen["embed"][b["block_tok"]]  # [S, K, B, H]
+    if c.lineage == "dflash2":
+        h = block_hidden_dflash2(model, b["taps"], emb, b["pos"], b["anchors"])
+        h = h[:, :, (0 if c.sample_from_anchor else 1):]
+        return model.scale_logits(h @ frozen["head"].T), h, None
     h = block_hidden(model, b["taps"], emb, b["pos"], b["anchors"])
     h = h[:, :, (0 if c.sample_from_anchor else 1):]  # predicting rows [S, K, n, H]
     logits = h @ frozen["head"].T  # [S, K, n, Vd]
@@ -279,6 +312,15 @@ def block_logits(model: DFlashModel, frozen: dict, b: dict):
         state = model.markov_head.state(b["prev"])
         logits = logits + model.markov_head.block_bias(b["prev"], h)
     return logits.astype(mx.float32), h, state
+
+
+def draft_choice(model, logits: mx.array, h: mx.array, prev: mx.array) -> mx.array:
+    """The greedy draft of each row given the teacher-forced previous token (draft ids):
+    the argmax of the logits, or for DFlash 2 the path selector's pick among its top-k."""
+    if model.config.lineage != "dflash2":
+        return mx.argmax(logits, axis=-1)
+    ids, scores = model.selector_scores(h, logits, prev)
+    return mx.take_along_axis(ids, mx.argmax(scores, axis=-1)[..., None], axis=-1)[..., 0]
 
 
 def loss_fn(model: DFlashModel, frozen: dict, b: dict, tc: TrainConfig):
@@ -301,11 +343,26 @@ def loss_fn(model: DFlashModel, frozen: dict, b: dict, tc: TrainConfig):
         picked = mx.take_along_axis(logits, mx.maximum(label, 0)[..., None], axis=-1)[..., 0]
         ce = (lse - picked) * valid
     metrics = {}
-    if c.lineage == "dflash":
+    if c.lineage in ("dflash", "dflash2"):
         gamma = tc.gamma or (7.0 if B >= 16 else 4.0)
         w = mx.exp(-k / gamma)
-        loss = (ce * w).sum() / (valid * w).sum()
+        loss = (ce * w).sum() / mx.maximum((valid * w).sum(), 1e-6)
         metrics["ce"] = loss
+        if c.lineage == "dflash2":
+            # the path selector: cross-entropy over its k candidates, where the label is one of
+            # them (its pick is the draft), conditioned on the previous label (teacher forcing)
+            kk = c.selector_top_k
+            ids = mx.stop_gradient(mx.argpartition(-mx.stop_gradient(logits), kk - 1, axis=-1)[..., :kk])
+            cs = model.candidate_selector
+            scores = teacher_scores(mx.take_along_axis(logits, ids, axis=-1), ids, cs.hidden_projection(h),
+                                    cs.predecessor_codebook, cs.successor_codebook, b["prev"])
+            hit = ids == mx.maximum(label, 0)[..., None]
+            present = hit.any(-1).astype(mx.float32) * valid
+            picked_s = (scores * hit).sum(-1)
+            sel = (mx.logsumexp(scores, axis=-1) - picked_s) * present
+            sel_m = (sel * w).sum() / mx.maximum((present * w).sum(), 1e-6)
+            loss = loss + sel_m
+            metrics["selector_ce"] = sel_m
     else:
         w = mx.exp(-k / 4.0)
         p_d = mx.softmax(logits, axis=-1)
@@ -327,7 +384,8 @@ def loss_fn(model: DFlashModel, frozen: dict, b: dict, tc: TrainConfig):
             bce_m = (bce * w).sum() / wsum
             loss = loss + bce_m
             metrics["bce"] = bce_m
-    acc = ((mx.argmax(logits, -1) == label).astype(mx.float32) * valid).sum() / mx.maximum(valid.sum(), 1)
+    choice = draft_choice(model, mx.stop_gradient(logits), mx.stop_gradient(h), b["prev"])
+    acc = ((choice == label).astype(mx.float32) * valid).sum() / mx.maximum(valid.sum(), 1)
     metrics["acc"] = acc
     return loss, metrics
 
@@ -376,14 +434,25 @@ def train(
                                "pass matching flags")
     if init is not None and cfg.draft_vocab_size:
         d_ids = (np.asarray(init.d2t) + np.arange(cfg.draft_vocab_size)).astype(np.int32)
-    elif tc.draft_vocab:
+    elif cfg.draft_vocab_size:
         d_ids = draft_vocabulary(shards, V, tc.draft_vocab)
     else:
         d_ids = np.arange(V, dtype=np.int32)
     t2d = np.full(V, -1, np.int32)
     t2d[d_ids] = np.arange(len(d_ids), dtype=np.int32)
     mx.random.seed(tc.seed)
-    model = DFlashModel(cfg)
+    model = make_model(cfg)
+    if cfg.lineage == "dflash2":
+        # convs start as the identity (tap 0 = 1, dynamic part ~0), the selector as the logits alone
+        for layer in model.layers:
+            for conv in (layer.attention_conv, layer.mlp_conv):
+                base = np.zeros(conv.base_kernel.shape, np.float32)
+                base[:, 0] = 1.0
+                conv.base_kernel = mx.array(base)
+                conv.kernel_projection.weight = conv.kernel_projection.weight * 0.01
+        cs = model.candidate_selector
+        cs.predecessor_codebook = mx.random.normal(cs.predecessor_codebook.shape) * 0.02
+        cs.successor_codebook = mx.random.normal(cs.successor_codebook.shape) * 0.02
     # small init for the heads that start the drafter off as "no correction"
     if cfg.markov_rank:
         model.markov_head.markov_w1.weight = mx.random.normal(model.markov_head.markov_w1.weight.shape) * 0.02
