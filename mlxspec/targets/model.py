@@ -89,7 +89,7 @@ def _model_type(model, config) -> str:
 
 
 class Target:
-    #: "replay" or "capture": how recurrent (ArraysCache) layers are rolled back (models/rollback.py)
+    #: "replay" or "capture": how recurrent (ArraysCache) layers are rolled back (targets/rollback.py)
     recurrent_rollback = "replay"
 
     def __init__(self, model: nn.Module, config: dict, source: str = "", notes=None):

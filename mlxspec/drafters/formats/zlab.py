@@ -141,7 +141,7 @@ def write(model, cfg: DrafterConfig, path: str, target=None, **options) -> None:
 
 
 def dflash2_config(model, cfg: DrafterConfig, facts: dict) -> dict:
-    """config.json as z-lab publishes DFlash 2 drafters (tests/fixtures/dflash2-config.json)."""
+    """config.json as z-lab publishes DFlash 2 drafters (tests/data/zlab-dflash2/config.json)."""
     lt = list(cfg.layer_types or ["full_attention"] * cfg.num_hidden_layers)
     config = {
         "architectures": ["DFlash2DraftModel"],
