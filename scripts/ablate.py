@@ -31,6 +31,9 @@ CONFIGS = {
     "block 4": {"block_size": 4},
     "corpus only": {"data": "corpus"},
     "prompt positions supervised too": {"response_only": False},
+    "DFlash lineage (no Markov / confidence head)": {"lineage": "dflash"},
+    "DFlash 2 lineage (convs + path selector, bonus-anchor, full vocabulary)":
+        {"lineage": "dflash2", "sample_from_anchor": False, "markov_rank": 0},
 }
 
 
@@ -71,7 +74,7 @@ def main():
         tc = replace(base, **ch)
         K = tc.anchors_per_seq or L - tc.block_size - 2
         tc.steps = max(2, a.rows // (tc.seqs_per_step * K * tc.block_size))
-        run_dir = out / f"run{names.index(name)}"
+        run_dir = Path("runs") / "ablate" / out.name / f"run{names.index(name)}"  # checkpoints stay out of docs/
         t0 = time.time()
         model, cfg, info = train(target, data, str(run_dir), tc, resume=False, force=True, log=lambda *x: None)
         secs = time.time() - t0
