@@ -370,6 +370,10 @@ def footer(r: GenerationResponse) -> str:
             f"verify {100 * s.verify_time / max(tot, 1e-9):.0f}% of step time"
         )
         lines.append(f"Per-position acceptance: {ppa}")
+        if s.by_source:
+            acc = max(s.accepted, 1)
+            lines.append("Accepted by source: " + ", ".join(
+                f"{k} {a}/{d} drafts ({100 * a / acc:.0f}% of accepted)" for k, (d, a) in sorted(s.by_source.items())))
     lines.append(f"Peak memory: {r.peak_memory:.3f} GB")
     return "\n".join(lines)
 

@@ -78,6 +78,12 @@ def test_stream_generate_responses(sm, dspark_dir):
     assert last.prompt_tokens == len(ids)
     foot = api.footer(last)
     assert "Generation: 12 tokens" in foot and "Speculative: acceptance" in foot and "tau" in foot
+    # every draft is credited to the source that proposed it (drafter or prompt lookup)
+    assert sum(d for d, _ in s.by_source.values()) == s.drafted
+    assert sum(a for _, a in s.by_source.values()) == s.accepted
+    assert "drafter" in s.by_source and set(s.by_source) <= {"drafter", "lookup"}
+    d, a = s.by_source["drafter"]
+    assert f"Accepted by source: " in foot and f"drafter {a}/{d} drafts" in foot
 
 
 def test_draft_simple_speculator_accepts_everything(sm, smollm2_path):

@@ -57,6 +57,7 @@ class SpecStats:
     drafted_at: list = field(default_factory=list)  # per position i (0-based)
     accepted_at: list = field(default_factory=list)
     verify_lengths: list = field(default_factory=list)
+    by_source: dict = field(default_factory=dict)  # "drafter" | "lookup" -> [drafted, accepted]
 
     def merge(self, s: "SpecStats") -> None:
         """Add another run's counts into these (one prefill token for all runs together)."""
@@ -78,6 +79,10 @@ class SpecStats:
             t.accepted_at[i] += a
         t.drafted += s.drafted
         t.accepted += s.accepted
+        for k, (d, a) in s.by_source.items():
+            mine = t.by_source.setdefault(k, [0, 0])
+            mine[0] += d
+            mine[1] += a
 
     @property
     def acceptance_rate(self) -> float:
@@ -269,6 +274,10 @@ def generate_steps(
         stats.target_forwards += 1
         stats.verify_lengths.append(len(drafts) + 1)
         stats.record(len(drafts), a)
+        if drafts:  # who proposed them: the model drafter or prompt lookup (any match length)
+            tally = stats.by_source.setdefault("lookup" if source.startswith("lookup") else "drafter", [0, 0])
+            tally[0] += len(drafts)
+            tally[1] += a
         if policy is not None:
             policy.observe_verify(len(drafts) + 1, t_verified)
             if source != "none":
