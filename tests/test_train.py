@@ -327,3 +327,21 @@ def test_dflash2_trains_exports_and_loads_back(smollm2, shards, tmp_path):
         d.begin(ids, taps)
         drafts.append(d.draft(ids[-1], 3, SamplingParams(), np.random.default_rng(0)).tokens)
     assert drafts[0] == drafts[1] and len(drafts[0]) == 3
+
+
+def test_heldout_every_records_the_budget_curve(smollm2, shards, tmp_path):
+    """--heldout-every: held-out tau at step 0 and every N steps, with the supervised blocks
+    and distinct tokens so far (scripts/plot_budget.py draws them)."""
+    from mlxspec.train.heldout import build_heldout
+
+    target, tok = smollm2
+    store = build_heldout(target, tok, TAPS, tmp_path / "heldout", n_per_category=1, max_tokens=8)
+    tc = _tc(steps=4, anchors_per_seq=0, heldout=str(store), heldout_every=2)
+    _, _, info = train(target, str(shards), str(tmp_path / "run"), tc, resume=False, log=lambda *a: None)
+    pts = [h for h in info["history"] if "heldout" in h]
+    assert [p["step"] for p in pts] == [0, 2, 4]
+    assert pts[0]["supervised_blocks"] == 0 and pts[1]["supervised_blocks"] > 0
+    assert pts[2]["supervised_blocks"] > pts[1]["supervised_blocks"]
+    assert 0 < pts[2]["distinct_tokens"] <= 2 * 64
+    for p in pts:
+        assert set(p["heldout"]) == {"code", "prose", "chat"} and all(v["tau"] >= 1.0 for v in p["heldout"].values())

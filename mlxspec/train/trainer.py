@@ -515,6 +515,19 @@ def train(
     blocks = 0.0
     bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, desc=f"train {tc.lineage}", unit="step")
     t0, ema = time.time(), None
+
+    def heldout_point(step_done: int, el: float) -> None:
+        from mlxspec.train.heldout import heldout_tau
+
+        ho = heldout_tau(model, {**frozen, "d_ids": d_ids}, tc.heldout)
+        history.append({"step": step_done, "supervised_blocks": prior_blocks + blocks,
+                        "distinct_tokens": prior_distinct + batcher.distinct_tokens, "elapsed_s": el,
+                        "heldout": {c: {"tau": r["tau"], "row1": r["per_position_acceptance"][0],
+                                        "acceptance": r["acceptance_rate"]} for c, r in ho.items()}})
+        bar.write(f"step {step_done}: held-out tau " + ", ".join(f"{c} {r['tau']:.3f}" for c, r in ho.items()))
+
+    if tc.heldout and tc.heldout_every and start == 0:
+        heldout_point(0, 0.0)  # where the curve starts (random init, or --init-from's drafter)
     for step in bar:
         opt.learning_rate = lr_at(step)
         b = batcher()
@@ -537,14 +550,7 @@ def train(
                             "lr": float(lr_at(step)), "elapsed_s": el, "blocks_per_s": rate,
                             "supervised_blocks": prior_blocks + blocks, "window_passes": passes})
         if tc.heldout and tc.heldout_every and ((step + 1) % tc.heldout_every == 0 or step == tc.steps - 1):
-            from mlxspec.train.heldout import heldout_tau
-
-            ho = heldout_tau(model, {**frozen, "d_ids": d_ids}, tc.heldout)
-            history.append({"step": step + 1, "supervised_blocks": prior_blocks + blocks,
-                            "distinct_tokens": prior_distinct + batcher.distinct_tokens, "elapsed_s": el,
-                            "heldout": {c: {"tau": r["tau"], "row1": r["per_position_acceptance"][0],
-                                            "acceptance": r["acceptance_rate"]} for c, r in ho.items()}})
-            bar.write(f"step {step + 1}: held-out tau " + ", ".join(f"{c} {r['tau']:.3f}" for c, r in ho.items()))
+            heldout_point(step + 1, el)
         if (step + 1) % tc.checkpoint_every == 0 or step == tc.steps - 1:
             _checkpoint(out, model, opt, step + 1, history, tc, cfg)
     bar.close()
