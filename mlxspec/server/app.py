@@ -1,8 +1,10 @@
 """`mlxspec serve`: the HTTP side (Starlette on uvicorn).
 
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health,
-GET /metrics. Every error is an OpenAI error object `{"error": {"message", "type",
-"param", "code"}}`; no traceback is ever sent.
+GET /metrics, and (in `compat`) POST /v1/messages (Anthropic Messages) and POST
+/v1/responses (OpenAI Responses). Every error is an OpenAI error object `{"error":
+{"message", "type", "param", "code"}}` (on /v1/messages an Anthropic one, `{"type":
+"error", "error": {"type", "message"}}`); no traceback is ever sent.
 """
 
 from __future__ import annotations
@@ -42,6 +44,10 @@ class APIError(Exception):
 def error_response(status, message, type_="invalid_request_error", param=None, code=None, headers=None):
     return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}},
                         status_code=status, headers=headers)
+
+
+def _openai_error(e: "APIError") -> JSONResponse:
+    return error_response(e.status, e.message, e.type, e.param, e.code, e.headers)
 
 
 # ------------------------------------------------------------------------------ validation
@@ -191,9 +197,9 @@ class Server:
         if not self.api_key:
             return
         auth = request.headers.get("authorization", "")
-        given = auth[7:] if auth[:7].lower() == "bearer " else ""
+        given = auth[7:] if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")  # Anthropic's
         if not hmac.compare_digest(given.encode(), self.api_key.encode()):
-            raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
+            raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
                            "authentication_error", code="invalid_api_key")
 
     async def read_json(self, request: Request) -> dict:
@@ -310,20 +316,25 @@ class Server:
         tc = body.get("tool_choice")
         if tc == "none":
             tools = None
-        if not self.tok.has_chat_template:
-            text = "\n".join(m["content"] for m in msgs)
-            ids = await asyncio.to_thread(self.tok.encode, text)
-        else:
-            def render():
-                t = apply_chat_template(self.tok, msgs, add_generation_prompt=True, tools=tools or None)
-                return self.tok.encode(t, add_special_tokens=False)
-            try:
-                ids = await asyncio.to_thread(render)
-            except MlxspecError as e:
-                raise APIError(400, str(e), param="messages", code="invalid_value") from None
+        ids = await self.render_prompt(msgs, tools)
         p = self.finish_params(p, ids)
         p["tools"] = bool(tools) and self.tool_markup
         return await self.run(request, "chat", p, ids)
+
+    async def render_prompt(self, msgs: list[dict], tools: list | None, param: str = "messages") -> list[int]:
+        """Chat messages (OpenAI form) -> prompt ids, through the chat template (shared by
+        /v1/chat/completions, /v1/messages and /v1/responses, so one conversation is one prompt)."""
+        if not self.tok.has_chat_template:
+            text = "\n".join(m["content"] for m in msgs)
+            return await asyncio.to_thread(self.tok.encode, text)
+
+        def render():
+            t = apply_chat_template(self.tok, msgs, add_generation_prompt=True, tools=tools or None)
+            return self.tok.encode(t, add_special_tokens=False)
+        try:
+            return await asyncio.to_thread(render)
+        except MlxspecError as e:
+            raise APIError(400, str(e), param=param, code="invalid_value") from None
 
     async def completions(self, request: Request):
         self.check_key(request)
@@ -349,16 +360,19 @@ class Server:
         return await self.run(request, "completions", self.finish_params(p, ids), ids)
 
     # -- running a job ---------------------------------------------------------------
-    async def run(self, request: Request, kind: str, p: dict, ids: list[int]):
-        loop = asyncio.get_running_loop()
+    def start_job(self, request: Request, p: dict, ids: list[int]) -> tuple[Job, asyncio.Task]:
+        """Queue a generation (429 when the queue is full) and watch for the client leaving."""
         job = Job(ids=ids, max_tokens=p["max_tokens"], temp=p["temp"], top_p=p["top_p"], top_k=p["top_k"],
                   seed=p["seed"], stop=p["stop"], speculative=p["speculative"], use_cache=p["use_cache"],
-                  deadline=time.perf_counter() + self.a.timeout, loop=loop)
+                  deadline=time.perf_counter() + self.a.timeout, loop=asyncio.get_running_loop())
         if not self.worker.try_submit(job):
             raise APIError(429, f"the server is busy ({self.worker.max_queue} requests queued or running); "
                                 "retry later", "rate_limit_exceeded", code="queue_full", headers={"Retry-After": "1"})
+        return job, asyncio.create_task(_watch_disconnect(request, job))
+
+    async def run(self, request: Request, kind: str, p: dict, ids: list[int]):
+        job, watcher = self.start_job(request, p, ids)
         rid = ("chatcmpl-" if kind == "chat" else "cmpl-") + secrets.token_hex(12)
-        watcher = asyncio.create_task(_watch_disconnect(request, job))
         if p["stream"]:
             return StreamingResponse(self.sse(job, kind, rid, p["include_usage"], watcher, p.get("tools", False)),
                                      media_type="text/event-stream",
@@ -466,22 +480,24 @@ async def _watch_disconnect(request: Request, job: Job):
 
 
 def build_app(server: Server) -> Starlette:
+    from mlxspec.server import compat
+
     metrics = server.worker.metrics
 
-    def route(path, fn, methods, name):
+    def route(path, fn, methods, name, errors=None):
         async def handler(request: Request):
             try:
                 resp = await fn(request)
             except APIError as e:
-                resp = error_response(e.status, e.message, e.type, e.param, e.code, e.headers)
+                resp = (errors or _openai_error)(e)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - never a traceback to the client
                 import traceback
 
                 print(f"mlxspec serve: internal error on {path}:\n{traceback.format_exc()}", file=sys.stderr)
-                resp = error_response(500, f"internal server error ({type(e).__name__})", "server_error",
-                                      code="internal_error")
+                resp = (errors or _openai_error)(APIError(500, f"internal server error ({type(e).__name__})",
+                                                          "server_error", code="internal_error"))
             metrics.request(name, resp.status_code)
             return resp
 
@@ -492,6 +508,9 @@ def build_app(server: Server) -> Starlette:
         code, typ = codes.get(exc.status_code, ("http_error", "invalid_request_error"))
         msg = (f"no route {request.method} {request.url.path}" if exc.status_code in (404, 405) else str(exc.detail))
         metrics.request("other", exc.status_code)
+        if request.url.path.startswith("/v1/messages"):  # Anthropic clients read Anthropic errors
+            return compat.anthropic_error(APIError(exc.status_code, msg, typ, code=code,
+                                                   headers=getattr(exc, "headers", None)))
         return error_response(exc.status_code, msg, typ, code=code, headers=getattr(exc, "headers", None))
 
     async def any_error(request: Request, exc: Exception):
@@ -500,6 +519,8 @@ def build_app(server: Server) -> Starlette:
     routes = [
         route("/v1/chat/completions", server.chat, ["POST"], "chat"),
         route("/v1/completions", server.completions, ["POST"], "completions"),
+        route("/v1/messages", lambda r: compat.messages(server, r), ["POST"], "messages", compat.anthropic_error),
+        route("/v1/responses", lambda r: compat.responses(server, r), ["POST"], "responses"),
         route("/v1/models", server.models, ["GET"], "models"),
         route("/health", server.health, ["GET"], "health"),
         route("/metrics", server.metrics, ["GET"], "metrics"),

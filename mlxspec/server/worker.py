@@ -44,6 +44,7 @@ class Job:
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
+    stop_sequence: str | None = None  # set before "done": the stop string that ended it (None: EOS or length)
 
     def cancel(self):
         self.cancelled.set()
@@ -243,7 +244,7 @@ class Worker:
         n_cached = hit.n if hit else 0
         drafter = ContextDrafter(inner, job.ids[:n_cached], hit.taps if hit else None)
         cache = hit.cache if hit else self.target.make_cache()
-        text, last, first, ok = "", None, True, False
+        text, last, first, ok, toks = "", None, True, False, []
         gen = self.api.stream_generate(self.target, self.tokenizer, job.ids, spec, max_tokens=job.max_tokens, temp=job.temp,
                                        top_p=job.top_p, top_k=job.top_k, seed=job.seed, stop=job.stop, drafter=drafter, cache=cache)
         try:
@@ -252,6 +253,7 @@ class Worker:
                     first = False
                     self.metrics.first_token(time.perf_counter() - job.submitted)
                 last = r
+                toks.append(r.token)
                 text += r.text
                 if job.cancelled.is_set():
                     self.metrics.cancelled += 1
@@ -290,4 +292,13 @@ class Worker:
             },
         }
         self.metrics.finished(usage, s if job.speculative else None)
+        if last.finish_reason == "stop" and job.stop and last.token not in self.eos:
+            job.stop_sequence = _matched_stop(self.tokenizer.decode(toks), job.stop)
         job.post("done", last.finish_reason, usage)
+
+
+def _matched_stop(full: str, stop: list[str]) -> str:
+    """The stop string that ended a generation whose text (stop string included) is `full`:
+    the occurrence that completes first, as `stream_generate` stops at it."""
+    found = [(full.find(x) + len(x), i) for i, x in enumerate(stop) if x and x in full]
+    return stop[min(found)[1]] if found else next((x for x in stop if x), None)
