@@ -575,12 +575,13 @@ class DistTarget(Target):
 def load(model: str | None = None, draft: str | None = "auto", spec_type: str = "auto",
          block_size: int | None = None, num_draft_tokens: int | None = None, p_min: float | None = None,
          schedule: bool = False, mode: str = "auto", check: bool = False,
-         timeout: float | None = DEFAULT_TIMEOUT, log=sys.stderr, **spec_kw):
+         timeout: float | None = DEFAULT_TIMEOUT, log=None, **spec_kw):
     """`mlxspec.load` for every rank of an `mlx.launch` job -> (DistTarget, tokenizer, speculator).
 
     Rank 0 gets the speculator (the drafter lives there only); the others get None and must
     call `target.serve()`. Rank 0 calls `target.close()` (or uses `with target:`) when done.
-    spec_kw: further keyword arguments of `api.load_speculator`.
+    spec_kw: further keyword arguments of `mlxspec.api.load_speculator`. log: as there (None: the
+    `mlxspec` logger).
     """
     group, wd = init(timeout)
     try:
@@ -620,10 +621,9 @@ def cmd_generate(a) -> int:
     if rank == 0:
         check_blas()
     draft = None if a.draft in (None, "none") or a.spec_type == "none" else a.draft
-    devnull = open(os.devnull, "w")
+    # (the loading lines go to the mlxspec logger; only rank 0 loads a drafter, so only it has any)
     target, tok, spec = load(a.model, draft, a.spec_type, a.block_size, a.num_draft_tokens, a.p_min, a.schedule,
-                             a.dist_mode, a.check, a.dist_timeout, log=sys.stderr if rank == 0 else devnull,
-                             policy=a.verify_policy, ngram=a.ngram)
+                             a.dist_mode, a.check, a.dist_timeout, policy=a.verify_policy, ngram=a.ngram)
     if target.rank != 0:
         target.serve()
         return 0
