@@ -362,6 +362,253 @@ def test_metrics(server):
     assert count >= 1
 
 
+# ----------------------------------------------------------------------------- Anthropic Messages, OpenAI Responses
+
+anthropic = None
+YES_NO = "Reply with one word: yes or no?"  # SmolLM2 answers "Yes." and stops (EOS) greedily
+SYSTEM = "You are a helpful coding assistant."
+GREEDY = {"temperature": 0}  # anthropic>=2 has no `temperature` argument: it goes in the body
+
+
+def _anthropic(server, key=KEY):
+    global anthropic
+    anthropic = pytest.importorskip("anthropic")
+    return anthropic.Anthropic(base_url=f"http://127.0.0.1:{server['port']}", api_key=key, max_retries=0, timeout=120)
+
+
+def _sse_events(text):
+    """Raw SSE -> [(event, data)]: the wire format, which the clients partly hide (ping)."""
+    out = []
+    for block in text.strip().split("\n\n"):
+        lines = dict(line.split(": ", 1) for line in block.split("\n"))
+        out.append((lines["event"], json.loads(lines["data"])))
+    return out
+
+
+def _chat_ref(server, msgs, **kw):
+    r = _client(server).chat.completions.create(model=server["model"], messages=msgs, temperature=0, **kw)
+    return r.choices[0].message.content, r.usage
+
+
+def test_anthropic_messages_equal_chat(server):
+    a, m = _anthropic(server), server["model"]
+    user = [{"role": "user", "content": PROMPT}]
+    want, u = _chat_ref(server, [{"role": "system", "content": SYSTEM}] + user, max_tokens=N_REF)
+    r = a.messages.create(model=m, system=SYSTEM, messages=user, max_tokens=N_REF, extra_body=GREEDY)
+    assert r.type == "message" and r.role == "assistant" and r.model == m and r.id.startswith("msg_")
+    assert [b.type for b in r.content] == ["text"] and r.content[0].text == want
+    assert r.stop_reason == "max_tokens" and r.stop_sequence is None
+    # Anthropic counts: input_tokens is what was not read from the prompt cache, which the chat
+    # request just filled with this very prompt (all but the last token is reused)
+    assert r.usage.output_tokens == N_REF
+    assert r.usage.input_tokens + r.usage.cache_read_input_tokens == u.prompt_tokens
+    assert r.usage.cache_read_input_tokens == u.prompt_tokens - 1
+    ext = r.usage.model_extra["mlxspec"]
+    assert ext["speculative"].startswith("dspark") and ext["target_forwards"] >= 1 and ext["tau"] >= 1
+    # the system prompt as text blocks, content as text blocks: the same conversation
+    blocks = [{"role": "user", "content": [{"type": "text", "text": PROMPT[:10]}, {"type": "text", "text": PROMPT[10:]}]}]
+    with a.messages.stream(model=m, system=[{"type": "text", "text": SYSTEM}], messages=blocks, max_tokens=N_REF,
+                           extra_body=GREEDY) as s:
+        streamed = "".join(s.text_stream)
+        final = s.get_final_message()
+    assert streamed == want and final.content[0].text == want and final.stop_reason == "max_tokens"
+    assert final.usage.output_tokens == N_REF
+    assert final.usage.input_tokens + final.usage.cache_read_input_tokens == u.prompt_tokens
+    # the wire: exactly Anthropic's event sequence, ping included, deltas summing to the text
+    st, h, body = _raw(server["port"], "POST", "/v1/messages",
+                       {"model": m, "system": SYSTEM, "messages": user, "max_tokens": N_REF, "stream": True,
+                        "temperature": 0}, headers={"Authorization": "", "x-api-key": KEY})
+    assert st == 200 and h["content-type"].startswith("text/event-stream")
+    evs = _sse_events(body)
+    names = [e for e, _ in evs]
+    assert all(d["type"] == e for e, d in evs)
+    n_delta = names.count("content_block_delta")
+    assert n_delta >= 2 and names == ["message_start", "content_block_start", "ping"] + ["content_block_delta"] * n_delta \
+        + ["content_block_stop", "message_delta", "message_stop"]
+    assert evs[0][1]["message"]["content"] == [] and evs[0][1]["message"]["usage"]["input_tokens"] == u.prompt_tokens
+    assert evs[1][1] == {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
+    assert "".join(d["delta"]["text"] for e, d in evs if e == "content_block_delta") == want
+    assert all(d["delta"]["type"] == "text_delta" and d["index"] == 0 for e, d in evs if e == "content_block_delta")
+    md = evs[-2][1]
+    assert md["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
+    assert md["usage"]["output_tokens"] == N_REF and md["usage"]["mlxspec"]["target_forwards"] >= 1
+
+
+def test_anthropic_stop_sequences_and_end_turn(server):
+    a, m = _anthropic(server), server["model"]
+    user = [{"role": "user", "content": PROMPT}]
+    full, _ = _chat_ref(server, user, max_tokens=N_REF)
+    stop = "reverse_"
+    assert stop in full, full
+    r = a.messages.create(model=m, messages=user, max_tokens=N_REF, stop_sequences=["never-there", stop],
+                          extra_body=GREEDY)
+    assert r.content[0].text == full[: full.index(stop)]
+    assert r.stop_reason == "stop_sequence" and r.stop_sequence == stop
+    # the model's own end of turn (EOS) is end_turn, with no stop sequence
+    yes, _ = _chat_ref(server, [{"role": "user", "content": YES_NO}], max_tokens=8)
+    with a.messages.stream(model=m, messages=[{"role": "user", "content": YES_NO}], max_tokens=8,
+                           stop_sequences=["never-there"], extra_body=GREEDY) as s:
+        final = s.get_final_message()
+    assert final.content[0].text == yes and final.stop_reason == "end_turn" and final.stop_sequence is None
+
+
+def test_anthropic_tools_and_errors(server):
+    a, m, port = _anthropic(server), server["model"], server["port"]
+    tools = [{"name": "get_weather", "description": "The weather in a city",
+              "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]
+    conv = [{"role": "user", "content": "What is the weather in Paris?"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Let me check."},
+                                              {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                               "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "Sunny, 21 C"}]}]
+    # SmolLM2's template defines no tool calls: tools are accepted, the answer is text, and a header says so
+    raw = a.messages.with_raw_response.create(model=m, messages=conv, tools=tools, max_tokens=2)
+    r = raw.parse()
+    assert [b.type for b in r.content] == ["text"] and r.stop_reason == "max_tokens"
+    assert "no <tool_call> markup" in raw.headers["x-mlxspec-warning"]
+    ok = {"model": m, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    bad_msgs = [
+        ({"model": m, "messages": ok["messages"]}, 400),  # max_tokens is required, as Anthropic's
+        ({**ok, "messages": []}, 400),
+        ({**ok, "messages": [{"role": "system", "content": "x"}]}, 400),
+        ({**ok, "messages": [{"role": "user", "content": 5}]}, 400),
+        ({**ok, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, 400),
+        ({**ok, "messages": [{"role": "user", "content": [{"type": "tool_use", "id": "x", "name": "y"}]}]}, 400),
+        ({**ok, "system": 3}, 400),
+        ({**ok, "temperature": 1.5}, 400),
+        ({**ok, "top_k": -1}, 400),
+        ({**ok, "max_tokens": 0}, 400),
+        ({**ok, "max_tokens": 5000}, 400),
+        ({**ok, "stop_sequences": "x"}, 400),
+        ({**ok, "tools": tools, "tool_choice": {"type": "any"}}, 400),  # a forced call this model cannot make
+        ({**ok, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, 400),
+        ({**ok, "model": "claude-sonnet-4"}, 404),
+        ("{not json", 400),
+        ("x" * 70_000, 413),
+    ]
+    for body, status in bad_msgs:
+        st, _, text = _raw(port, "POST", "/v1/messages", body)
+        assert st == status and "Traceback" not in text, (body, text)
+        err = json.loads(text)
+        assert set(err) == {"type", "error"} and err["type"] == "error" and set(err["error"]) == {"type", "message"}
+        want = {400: "invalid_request_error", 404: "not_found_error", 413: "request_too_large"}[status]
+        assert err["error"]["type"] == want and err["error"]["message"], err
+    st, _, text = _raw(port, "GET", "/v1/messages")
+    assert st == 405 and json.loads(text)["error"]["type"] == "invalid_request_error"
+    # through the official client: its exception classes, the message from the server
+    with pytest.raises(anthropic.BadRequestError) as ei:
+        a.messages.create(model=m, messages=[], max_tokens=2)
+    assert ei.value.status_code == 400 and ei.value.body["error"]["type"] == "invalid_request_error"
+    with pytest.raises(anthropic.NotFoundError):
+        a.messages.create(model="claude-sonnet-4", messages=ok["messages"], max_tokens=2)
+    with pytest.raises(anthropic.AuthenticationError) as ei:
+        _anthropic(server, key="nope").messages.create(model=m, messages=ok["messages"], max_tokens=2)
+    assert ei.value.body["error"]["type"] == "authentication_error"
+
+
+def test_responses_equal_chat(server):
+    c, m = _client(server), server["model"]
+    want, u = _chat_ref(server, [{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPT}],
+                        max_tokens=N_REF)
+    r = c.responses.create(model=m, instructions=SYSTEM, input=PROMPT, max_output_tokens=N_REF, temperature=0)
+    assert r.object == "response" and r.id.startswith("resp_") and r.model == m
+    assert r.output_text == want and [o.type for o in r.output] == ["message"]
+    assert r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert (r.usage.input_tokens, r.usage.output_tokens) == (u.prompt_tokens, N_REF)
+    assert r.usage.total_tokens == u.prompt_tokens + N_REF
+    assert r.usage.input_tokens_details.cached_tokens == u.prompt_tokens - 1  # the prefix cache is shared
+    assert r.usage.model_extra["mlxspec"]["speculative"].startswith("dspark")
+    # input as a message list (a developer message is a system message, as in chat), streamed
+    items = [{"role": "developer", "content": SYSTEM},
+             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": PROMPT}]}]
+    evs = list(c.responses.create(model=m, input=items, max_output_tokens=N_REF, temperature=0, stream=True))
+    types = [e.type for e in evs]
+    n = types.count("response.output_text.delta")
+    assert n >= 2 and types == ["response.created", "response.in_progress", "response.output_item.added",
+                                "response.content_part.added"] + ["response.output_text.delta"] * n + [
+        "response.output_text.done", "response.content_part.done", "response.output_item.done", "response.incomplete"]
+    assert [e.sequence_number for e in evs] == list(range(len(evs)))
+    assert "".join(e.delta for e in evs if e.type == "response.output_text.delta") == want
+    assert evs[-4].text == want and evs[-1].response.output_text == want
+    assert evs[-1].response.usage.output_tokens == N_REF and evs[-1].response.usage.input_tokens == u.prompt_tokens
+    # a response that ends by itself is "completed"; the client's stream helper assembles it
+    yes, _ = _chat_ref(server, [{"role": "user", "content": YES_NO}], max_tokens=8)
+    with c.responses.stream(model=m, input=YES_NO, max_output_tokens=8, temperature=0) as s:
+        deltas = [e.delta for e in s if e.type == "response.output_text.delta"]
+        final = s.get_final_response()
+    assert "".join(deltas) == yes == final.output_text and final.status == "completed"
+    assert final.incomplete_details is None and final.usage.output_tokens >= 1
+
+
+def test_responses_errors(server):
+    c, m, port = _client(server), server["model"], server["port"]
+    ok = {"model": m, "input": "hi", "max_output_tokens": 2}
+    cases = [
+        ({"model": m}, "missing_required_parameter"),
+        ({**ok, "input": 5}, "invalid_type"),
+        ({**ok, "input": []}, "invalid_value"),
+        ({**ok, "input": [{"role": "wizard", "content": "x"}]}, "invalid_value"),
+        ({**ok, "input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "invalid_value"),
+        ({**ok, "input": [{"type": "web_search_call"}]}, "invalid_value"),
+        ({**ok, "instructions": 3}, "invalid_type"),
+        ({**ok, "max_output_tokens": 0}, "invalid_value"),
+        ({**ok, "max_output_tokens": 5000}, "invalid_value"),
+        ({**ok, "temperature": "hot"}, "invalid_type"),
+        ({**ok, "previous_response_id": "resp_123"}, "unsupported_parameter"),
+        ({**ok, "tools": [{"type": "web_search"}]}, "unsupported_parameter"),
+        ({**ok, "text": {"format": {"type": "json_object"}}}, "unsupported_parameter"),
+        ({**ok, "model": "gpt-9"}, "model_not_found"),
+    ]
+    for body, code in cases:
+        st, _, text = _raw(port, "POST", "/v1/responses", body)
+        _assert_error(st, text, 404 if code == "model_not_found" else 400, code)
+    with pytest.raises(openai.BadRequestError) as ei:
+        c.responses.create(model=m, input=[])
+    assert ei.value.body["param"] == "input"
+
+
+def test_messages_and_responses_queue_full_and_cancel(server):
+    a, c, m = _anthropic(server), _client(server), server["model"]
+    long = [{"role": "user", "content": "Write a long story about a dragon."}]
+    streams = [_chat(c, m, long[0]["content"], max_tokens=800, stream=True) for _ in range(4)]
+    try:
+        with pytest.raises(anthropic.RateLimitError) as ei:
+            a.messages.create(model=m, messages=long, max_tokens=4)
+        assert ei.value.body["error"]["type"] == "rate_limit_error"
+        assert ei.value.response.headers.get("retry-after") == "1"
+        with pytest.raises(openai.RateLimitError) as ei:
+            c.responses.create(model=m, input="hi", max_output_tokens=4)
+        assert ei.value.body["code"] == "queue_full"
+    finally:
+        for s in streams:
+            s.close()
+    t0 = time.time()
+    while True:  # the cancelled jobs drain
+        try:
+            _chat(c, m, "Name a fruit.", max_tokens=1)
+            break
+        except openai.RateLimitError:
+            assert time.time() - t0 < 20
+            time.sleep(0.5)
+    # a client that leaves mid-stream cancels its generation, on both APIs
+    _, _, before = _raw(server["port"], "GET", "/metrics")
+    n0 = int(re.search(r"^mlxspec_cancelled_total (\d+)", before, re.M).group(1))
+    with a.messages.stream(model=m, messages=long, max_tokens=800) as s:
+        it = iter(s.text_stream)
+        next(it)
+    s2 = c.responses.create(model=m, input=long[0]["content"], max_output_tokens=800, stream=True)
+    for e in s2:
+        if e.type == "response.output_text.delta":
+            break
+    s2.close()
+    t0 = time.time()
+    r = a.messages.create(model=m, messages=[{"role": "user", "content": YES_NO}], max_tokens=2)
+    assert r.usage.output_tokens >= 1 and time.time() - t0 < 30
+    _, _, after = _raw(server["port"], "GET", "/metrics")
+    assert int(re.search(r"^mlxspec_cancelled_total (\d+)", after, re.M).group(1)) >= n0 + 2
+    assert re.search(r'^mlxspec_requests_total\{route="messages",status="200"\} [1-9]', after, re.M)
+
+
 def test_sigterm_mid_stream_exits_0(server):
     """Last: shuts the module's server down."""
     c = _client(server)
@@ -520,3 +767,85 @@ def test_tool_call_parsing():
     assert rest == "" and calls[0]["function"]["name"] == "get_weather"
     ts = ToolStream()
     assert ts.feed("a <tool") == "a " and ts.feed("s are fun") == "<tools are fun" and ts.finish() == ("", [])
+
+
+def test_messages_and_responses_tool_use_mapping():
+    """In process: tool_use / tool_result blocks and function_call items become the chat
+    messages a tool template renders, and a generated <tool_call> comes back as an Anthropic
+    tool_use block / a Responses function_call item, streamed as those APIs stream them."""
+    import asyncio
+    from types import SimpleNamespace
+
+    from mlxspec.server import compat
+
+    call = {"id": "toolu_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    conv = [{"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": [{"type": "text", "text": "Let me check."},
+                                              {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                               "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                          "content": [{"type": "text", "text": "Sunny"}]},
+                                         {"type": "text", "text": "Thanks"}]}]
+    assert compat.anthropic_to_chat({"system": [{"type": "text", "text": "S"}], "messages": conv}) == [
+        {"role": "system", "content": "S"}, {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "Let me check.", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "Sunny", "name": "get_weather"},
+        {"role": "user", "content": "Thanks"}]
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    assert compat.anthropic_tools({"tools": [{"name": "get_weather", "description": "d", "input_schema": schema}],
+                                   "tool_choice": {"type": "any"}}) == (
+        [{"type": "function", "function": {"name": "get_weather", "parameters": schema, "description": "d"}}], True)
+    assert compat.anthropic_tools({"tools": [{"name": "x"}], "tool_choice": {"type": "none"}}) == (None, False)
+    items = [{"role": "user", "content": "Weather in Paris?"},
+             {"type": "function_call", "call_id": "toolu_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+             {"type": "function_call_output", "call_id": "toolu_1", "output": "Sunny"}]
+    assert compat.responses_to_chat({"instructions": "S", "input": items}) == [
+        {"role": "system", "content": "S"}, {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "toolu_1", "content": "Sunny", "name": "get_weather"}]
+
+    gen = 'Let me look.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    usage = {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14,
+             "prompt_tokens_details": {"cached_tokens": 2}, "mlxspec": {"tau": 1.0}}
+
+    async def run(make):
+        job = SimpleNamespace(events=asyncio.Queue(), stop_sequence=None, cancel=lambda: None)
+        for i in range(0, len(gen), 7):
+            job.events.put_nowait(("text", gen[i:i + 7]))
+        job.events.put_nowait(("done", "stop", usage))
+        return "".join([x async for x in make(job, SimpleNamespace(cancel=lambda: None))])
+
+    evs = _sse_events(asyncio.run(run(lambda j, w: compat._anthropic_sse(SimpleNamespace(model_id="m"), j, w,
+                                                                         "msg_1", 5, True))))
+    names = [e for e, _ in evs]
+    n = names.count("content_block_delta") - 1
+    assert names == ["message_start", "content_block_start", "ping"] + ["content_block_delta"] * n + [
+        "content_block_stop", "content_block_start", "content_block_delta", "content_block_stop",
+        "message_delta", "message_stop"]
+    assert "".join(d["delta"]["text"] for e, d in evs if e == "content_block_delta" and d["index"] == 0) == "Let me look.\n"
+    tool = [d for e, d in evs if d.get("index") == 1]
+    assert tool[0]["content_block"]["type"] == "tool_use" and tool[0]["content_block"]["name"] == "get_weather"
+    assert json.loads("".join(d["delta"]["partial_json"] for d in tool if d["type"] == "content_block_delta")) == {
+        "city": "Paris"}
+    md = evs[-2][1]
+    assert md["delta"]["stop_reason"] == "tool_use"
+    assert (md["usage"]["input_tokens"], md["usage"]["cache_read_input_tokens"]) == (3, 2)
+
+    def response(status, output, usage=None, finish=None, error=None):
+        return {"status": status, "output": output, "usage": usage}
+
+    evs = _sse_events(asyncio.run(run(lambda j, w: compat._responses_sse(j, w, response, True))))
+    final = evs[-1][1]["response"]
+    assert evs[-1][0] == "response.completed" and [o["type"] for o in final["output"]] == ["message", "function_call"]
+    assert final["output"][0]["content"][0]["text"] == "Let me look.\n"
+    fc = final["output"][1]
+    assert fc["name"] == "get_weather" and json.loads(fc["arguments"]) == {"city": "Paris"}
+    assert "response.function_call_arguments.done" in [e for e, _ in evs]
+    assert final["usage"]["input_tokens"] == 5 and final["usage"]["input_tokens_details"]["cached_tokens"] == 2
+    # non-streaming: the same blocks
+    from mlxspec.server.app import parse_tool_calls
+
+    content, calls = parse_tool_calls(gen)
+    blocks = compat.anthropic_blocks(content, calls)
+    assert [b["type"] for b in blocks] == ["text", "tool_use"] and blocks[1]["input"] == {"city": "Paris"}
+    assert compat.anthropic_stop("stop", None, calls) == ("tool_use", None)
