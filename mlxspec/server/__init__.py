@@ -2,6 +2,7 @@
 
 - `args`: the command line flags;
 - `app`: routes, validation, SSE streaming, `cmd_serve` (Starlette on uvicorn);
+- `compat`: the Anthropic Messages (/v1/messages) and OpenAI Responses (/v1/responses) APIs;
 - `worker`: the generation thread (one generation at a time, bounded queue, metrics);
 - `prompt_cache`: the LRU prefix cache of target KV caches and drafter context.
 """
