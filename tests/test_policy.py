@@ -149,6 +149,62 @@ def test_policy_uses_confidences_under_greedy():
 
 # ----------------------------------------------------------------------------- prompt lookup
 
+def _run_simulated(pol, steps, cost, p_accept=0.6, seed=0):
+    """Drive a policy for `steps` drafter steps against a simulated clock: cost(step, L) is the
+    verify time of L tokens at that step; each draft is right with probability p_accept
+    (given the previous one was). Returns the verify lengths the policy chose."""
+    rng = np.random.default_rng(seed)
+    lengths = []
+    for step in range(steps):
+        plan = pol.plan(8)
+        n = pol.truncate(plan.source, plan.n, None, greedy=True) if plan.source == "drafter" else 0
+        acc = 0
+        while acc < n and rng.random() < p_accept:
+            acc += 1
+        pol.observe_verify(n + 1, cost(step, n + 1))
+        if plan.source == "drafter":
+            pol.observe("drafter", n, acc, None, draft_seconds=0.1)
+        lengths.append(n + 1)
+    return lengths
+
+
+def test_policy_follows_verify_costs_that_change_mid_request():
+    """Simulated clock: the start-up profile says a 9-token verify costs 1.9 steps (a quiet
+    machine); halfway through the request a busy core makes long verifies dearer (9 tokens:
+    3.2 steps of the new, slower 1-token step, as measured with one core busy). The policy
+    moves to shorter verifies once it has measured them, and its choice then pays more under
+    the real costs than the start-up profile's choice would."""
+    quiet = [1.0 + 0.1125 * (L - 1) for L in range(1, 10)]  # 1 -> 1.0, 9 -> 1.9
+    busy = [1.4 * (1.0 + 0.275 * (L - 1)) for L in range(1, 10)]  # 1 -> 1.4, 9 -> 1.4 * 3.2
+    cost = lambda step, L: (quiet if step < 60 else busy)[L - 1]  # noqa: E731
+    pol = VerifyPolicy(quiet, 8, probe_every=4)
+    lengths = _run_simulated(pol, 160, cost, p_accept=0.85)
+    before = np.median(lengths[30:60])
+    after = np.median(lengths[130:])
+    assert after < before, (before, after)
+    # what the policy believes now is close to the real costs at the lengths it uses
+    used = int(after)
+    assert abs(pol.verify_time[used - 1] - busy[used - 1]) / busy[used - 1] < 0.1
+    # and its choice beats the start-up profile's choice under the real (busy) costs
+    from mlxspec.engine.policy import best_length, expected_tokens
+
+    p = pol.estimate("drafter").p()
+    l_now = best_length(p, pol.verify_time, 0.1, 8)[0]
+    l_old = best_length(p, [1.4 * t for t in quiet], 0.1, 8)[0]
+    real = lambda l: expected_tokens(p, l) / (0.1 * (l > 0) + busy[l])  # noqa: E731
+    assert l_now < l_old and real(l_now) > real(l_old)
+
+
+def test_policy_cost_tracking_is_a_pure_function_of_history():
+    """Two policies fed the same (simulated) history make the same decisions: the cost curve
+    is data, never the target's answer to the block being verified (lossless as before)."""
+    quiet = [1.0 + 0.1125 * (L - 1) for L in range(1, 10)]
+    cost = lambda step, L: quiet[L - 1] * (1 + 0.5 * (step % 7 == 0)) * (1 + 0.1 * L * (step > 40))  # noqa: E731
+    a = _run_simulated(VerifyPolicy(quiet, 8), 80, cost, seed=3)
+    b = _run_simulated(VerifyPolicy(quiet, 8), 80, cost, seed=3)
+    assert a == b
+
+
 def test_ngram_index_longest_and_most_recent_match():
     ix = NgramIndex(2, 3)
     ix.reset([1, 2, 3, 9, 1, 2, 4, 7, 5, 2])

@@ -137,10 +137,15 @@ class VerifyPolicy:
     """The adaptive policy the engine consults every step (state per request)."""
 
     def __init__(self, verify_time: Sequence[float], max_drafts: int, probe_every: int = 4, max_probe_every: int = 64,
-                 decay: float = 0.95):
+                 decay: float = 0.95, cost_decay: float = 0.97, cost_prior: float = 1.0, cost_probe_weight: float = 0.3):
         vt = np.maximum.accumulate(np.asarray(verify_time, dtype=np.float64))  # cost never falls with length
         self.base_verify_time = [float(x) for x in vt]
         self.verify_scale: float | None = None  # observed / profiled verify time (machine load now)
+        # the cost of each verify length actually used, as it runs: a decayed mean per length
+        # (machine load changes the ratio between lengths too, not only the scale)
+        self.cost_decay, self.cost_prior, self.cost_probe_weight = cost_decay, cost_prior, cost_probe_weight
+        self.obs_sum = np.zeros(len(vt))
+        self.obs_w = np.zeros(len(vt))
         self.max_drafts = min(max_drafts, len(self.verify_time) - 1)
         self.decay = decay
         self.est: dict[str, AcceptanceEstimate] = {}
@@ -154,15 +159,40 @@ class VerifyPolicy:
 
     @property
     def verify_time(self) -> list[float]:
-        k = self.verify_scale or 1.0
-        return [k * t for t in self.base_verify_time]
+        """Cost of a verify over L tokens (index L - 1): at each length, the decayed mean of the
+        verifies measured at that length, shrunk towards the profile rescaled by all of them
+        (weight `cost_prior`); never falling with length. A pure function of the history."""
+        base = np.asarray(self.base_verify_time)
+        w = self.obs_w
+        seen = np.nonzero(w > 1e-3)[0]
+        if len(seen):  # the measured/profiled ratio, interpolated between the lengths measured
+            ratio = np.interp(np.arange(len(base)), seen, self.obs_sum[seen] / w[seen] / base[seen])
+        else:
+            ratio = np.full(len(base), self.verify_scale or 1.0)
+        est = (self.obs_sum + self.cost_prior * base * ratio) / (w + self.cost_prior)
+        return [float(x) for x in np.maximum.accumulate(est)]
+
+    def cost_probe(self, l: int) -> int:
+        """A verify length to measure instead of l drafts, or l: when the length half as long
+        has not been measured lately, verify that many (truncating drafts is always lossless),
+        so the policy learns how the cost *ratio* between lengths moves, not only its scale."""
+        half = max(0, l // 2)
+        if l >= 2 and self.obs_w[l] > 0.5 and self.obs_w[half] < self.cost_probe_weight:
+            return half
+        return l
 
     def observe_verify(self, length: int, seconds: float) -> None:
-        """A measured verify forward over `length` tokens rescales the profile (its shape is
-        kept: what matters for the choice is the ratio between lengths and the draft cost)."""
+        """A measured verify forward over `length` tokens: rescales the profile (the lengths
+        not used lately follow it) and joins that length's own decayed mean (the lengths in
+        use follow what they really cost now, e.g. under contention, where the ratio between
+        lengths moves as well)."""
         if 1 <= length <= len(self.base_verify_time) and seconds > 0:
             r = seconds / self.base_verify_time[length - 1]
             self.verify_scale = r if self.verify_scale is None else 0.8 * self.verify_scale + 0.2 * r
+            self.obs_sum *= self.cost_decay
+            self.obs_w *= self.cost_decay
+            self.obs_sum[length - 1] += seconds
+            self.obs_w[length - 1] += 1.0
 
     @classmethod
     def from_profile(cls, sps: dict[int, float], max_drafts: int, **kw) -> "VerifyPolicy":
@@ -237,7 +267,9 @@ class VerifyPolicy:
                 known, prior, self.verify_time, dt)
         else:
             l = best_length(prior, self.verify_time, dt, n)[0]
-        return max(l, 1) if self.last_probe else l
+        if self.last_probe:
+            return max(l, 1)
+        return self.cost_probe(l) if greedy else l
 
     def observe(self, source: str, verified: int, accepted: int, confidence: Sequence[float] | None = None,
                 draft_seconds: float | None = None) -> None:
@@ -272,6 +304,9 @@ class VerifyPolicy:
             self.calib[src] = Calibration(c.weight, c.conf_sum * k, c.hit_sum * k)
         self.draft_time = dict(old.draft_time)
         self.verify_scale = old.verify_scale
+        if len(old.obs_w) == len(self.obs_w):
+            k = min(1.0, cap / max(float(old.obs_w.sum()), 1e-9))
+            self.obs_sum, self.obs_w = old.obs_sum * k, old.obs_w * k
         self.interval = dict(old.interval)
         self.waited = dict(old.waited)
 
