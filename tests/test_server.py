@@ -405,6 +405,7 @@ def test_anthropic_messages_equal_chat(server):
     assert r.usage.cache_read_input_tokens == u.prompt_tokens - 1
     ext = r.usage.model_extra["mlxspec"]
     assert ext["speculative"].startswith("dspark") and ext["target_forwards"] >= 1 and ext["tau"] >= 1
+    assert a.messages.count_tokens(model=m, system=SYSTEM, messages=user).input_tokens == u.prompt_tokens
     # the system prompt as text blocks, content as text blocks: the same conversation
     blocks = [{"role": "user", "content": [{"type": "text", "text": PROMPT[:10]}, {"type": "text", "text": PROMPT[10:]}]}]
     with a.messages.stream(model=m, system=[{"type": "text", "text": SYSTEM}], messages=blocks, max_tokens=N_REF,

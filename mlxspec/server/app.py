@@ -520,6 +520,8 @@ def build_app(server: Server) -> Starlette:
         route("/v1/chat/completions", server.chat, ["POST"], "chat"),
         route("/v1/completions", server.completions, ["POST"], "completions"),
         route("/v1/messages", lambda r: compat.messages(server, r), ["POST"], "messages", compat.anthropic_error),
+        route("/v1/messages/count_tokens", lambda r: compat.count_tokens(server, r), ["POST"], "count_tokens",
+              compat.anthropic_error),
         route("/v1/responses", lambda r: compat.responses(server, r), ["POST"], "responses"),
         route("/v1/models", server.models, ["GET"], "models"),
         route("/health", server.health, ["GET"], "health"),

@@ -279,6 +279,17 @@ async def messages(server, request: Request):
                          "usage": anthropic_usage(usage)}, headers=headers)
 
 
+async def count_tokens(server, request: Request):
+    """`POST /v1/messages/count_tokens`: the prompt's token count, as /v1/messages would render it
+    (coding agents ask before a request)."""
+    server.check_key(request)
+    body = await server.read_json(request)
+    server.common({"model": body.get("model")})
+    tools, _ = anthropic_tools(body)
+    ids = await server.render_prompt(anthropic_to_chat(body), tools)
+    return JSONResponse({"input_tokens": len(ids)})
+
+
 async def _anthropic_sse(server, job, watcher, mid: str, n_prompt: int, parse_calls: bool):
     ts = ToolStream() if parse_calls else None
     index, text_open = 0, False
