@@ -26,7 +26,6 @@ Numbers (all measured in the run):
 from __future__ import annotations
 
 import gc
-import io
 import json
 import math
 import os
@@ -54,6 +53,7 @@ from mlxspec.engine.loop import SpecStats, generate_steps
 from mlxspec.engine.profile import measure_verify_sps
 from mlxspec.engine.verify import SamplingParams
 from mlxspec.errors import MlxspecError
+from mlxspec.logger import capture
 from mlxspec.prompts import encode_prompt, load_prompts
 from mlxspec.targets.convert import cached_mlx_copy
 from mlxspec.targets.load import default_dense, load_target, resolve_model_path
@@ -194,10 +194,10 @@ def mlxspec_runner(target, eos, speculator=None):
     return run
 
 
-def random_weights(spec, path, target, log):
+def random_weights(spec, path, target):
     """The same drafter architecture with random weights: what the adaptive policy must
     survive (a drafter that is never right must cost at most a few percent)."""
-    model, cfg = load_drafter(path, target.info, log=log)
+    model, cfg = load_drafter(path, target.info)
     mx.random.seed(0)
     rnd = DFlashModel(cfg)
     if cfg.draft_vocab_size:
@@ -444,13 +444,13 @@ def cmd_bench(a) -> int:
     eos = set() if a.ignore_eos else set(tok.eos_token_ids)
     prompts = {c: [encode_prompt(tok, c, t) for t in s["texts"][c]] for c in s["categories"]}
 
-    def speculator(cfg, target, log):
+    def speculator(cfg, target):
         kind, path = cfg["kind"], cfg["path"]
         n = a.num_draft_tokens if kind == "draft-simple" else None
-        spec = load_speculator(path, target, spec_type="ngram" if kind == "ngram" else kind, num_draft_tokens=n, log=log,
+        spec = load_speculator(path, target, spec_type="ngram" if kind == "ngram" else kind, num_draft_tokens=n,
                                policy=cfg["policy"], ngram=cfg.get("ngram", False))
         if cfg.get("random"):
-            spec = random_weights(spec, path, target, log)
+            spec = random_weights(spec, path, target)
         return spec
 
     # configurations; every drafter is loaded once here so that a bad one fails before any timing
@@ -467,15 +467,15 @@ def cmd_bench(a) -> int:
     if a.draft_simple:
         wanted.append(dict(path=a.draft_simple, kind="draft-simple", policy="fixed"))
     for w in wanted:
-        log = io.StringIO()
-        spec = speculator(w, target, log)
+        with capture() as log:  # the loading lines go into the row, not on stderr
+            spec = speculator(w, target)
         label = spec.spec_type + (f" {Path(w['path']).name}" if w["path"] and w["kind"] != "ngram" else "")
         label += " (random weights)" if w.get("random") else ""
         label += f" [{w['policy']}]"
         if any(c["label"] == label for c in configs):
             label += f" #{len(configs)}"
         configs.append({"label": label, "engine": "mlxspec", **w, "path": str(w["path"]) if w["path"] else None,
-                        "description": spec.description, "load_log": log.getvalue().strip(),
+                        "description": spec.description, "load_log": "\n".join(log).strip(),
                         "max_drafts": spec.make_drafter(target).max_drafts})
         del spec
     if not wanted:
@@ -503,7 +503,8 @@ def cmd_bench(a) -> int:
                 hf_tok.eos_token_ids = eos
                 run = mlx_lm_runner(model, hf_tok)
             else:
-                spec = speculator(cfg, target, io.StringIO()) if cfg["kind"] != "none" else None
+                with capture():
+                    spec = speculator(cfg, target) if cfg["kind"] != "none" else None
                 run = mlxspec_runner(target, eos, spec)
             timings[cfg["label"]] = time_config(cfg["label"], run, s, prompts, bar)
             del run

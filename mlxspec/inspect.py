@@ -16,7 +16,6 @@ report instead.
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
@@ -31,6 +30,7 @@ from mlxspec.drafters.load import load_drafter
 from mlxspec.drafters.registry import describe, identify
 from mlxspec.errors import MlxspecError
 from mlxspec.gguf.file import read_gguf
+from mlxspec.logger import capture
 from mlxspec.targets.gguf import SUPPORTED_ARCHS, gguf_config
 from mlxspec.targets.load import resolve_model_path
 from mlxspec.targets.plan import model_classes, plan_target
@@ -266,9 +266,9 @@ def _gguf_tokenizer_view(g, cfg: dict, lines: list[str], problems: list[str]) ->
 # ----------------------------------------------------------------------------- drafters
 
 def _drafter_view(path: str, lines: list[str], problems: list[str]) -> None:
-    log = io.StringIO()
     try:
-        model, cfg = load_drafter(path, None, log=log)
+        with capture() as log:
+            model, cfg = load_drafter(path, None)
     except MlxspecError as e:
         problems.append(str(e))
         return
@@ -301,7 +301,7 @@ def _drafter_view(path: str, lines: list[str], problems: list[str]) -> None:
             + (f"{n_slide} of {cfg.num_hidden_layers} layers sliding (window {cfg.sliding_window})" if n_slide
                else "full attention") + f"; causal blocks: {causal}"
         )
-    for ln in log.getvalue().splitlines():
+    for ln in log:
         if ln.strip():
             lines.append(f"  loader: {ln.strip()}")
 

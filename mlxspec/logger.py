@@ -6,11 +6,11 @@ shows warnings on stderr and drops the informational lines (the drafter's init l
 `--draft auto` choice). The `mlxspec` command wraps each command in `to_stderr()`, which prints
 every record as the bare line on stderr, so its output is what it always was.
 
-Functions that took a `log=` stream (`mlxspec.drafters.load.load_drafter`,
+An app that shows the lines its own way collects them with `capture()` (`mlxspec inspect`,
+the benchmark's rows). Functions that took a `log=` stream (`mlxspec.drafters.load.load_drafter`,
 `mlxspec.api.load`, `mlxspec.api.load_speculator`, `mlxspec.api.resolve_auto_draft`,
 `mlxspec.targets.convert.cached_mlx_copy`) still take one: given a stream, `say` writes the
-line there instead (callers that capture the lines: `mlxspec inspect`, the benchmark's rows,
-the tests).
+line there instead (tests and scripts capture with it).
 """
 
 from __future__ import annotations
@@ -55,5 +55,31 @@ def to_stderr():
         yield
     finally:
         logger.removeHandler(handler)
+        logger.setLevel(level)
+        logger.propagate = propagate
+
+
+class _Lines(logging.Handler):
+    def __init__(self, lines: list[str]):
+        super().__init__()
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@contextmanager
+def capture():
+    """While the block runs, collect the `mlxspec` logger's lines (INFO and up) in the list it
+    yields, instead of showing them anywhere."""
+    lines: list[str] = []
+    handlers, level, propagate = logger.handlers[:], logger.level, logger.propagate
+    logger.handlers = [_Lines(lines)]
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    try:
+        yield lines
+    finally:
+        logger.handlers = handlers
         logger.setLevel(level)
         logger.propagate = propagate
