@@ -176,7 +176,7 @@ def test_dense_training_forward_equals_the_inference_forward():
     inference path computes for that anchor alone (context K/V of rows < anchor, one block)."""
     from mlxspec.drafters.config import DrafterConfig
     from mlxspec.drafters.model import DFlashModel
-    from mlxspec.train.trainer import block_hidden
+    from mlxspec.train.blocks import block_hidden
 
     c = DrafterConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=16, block_size=4, target_layer_ids=[0, 1], mask_token_id=3,
@@ -279,7 +279,7 @@ def test_dflash2_training_forward_equals_the_drafting_forward():
     choice is the path selector's chain under teacher forcing."""
     from mlxspec.drafters.build import make_model
     from mlxspec.drafters.config import DrafterConfig
-    from mlxspec.train.trainer import block_hidden_dflash2
+    from mlxspec.train.blocks import block_hidden_dflash2
 
     c = DrafterConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                       num_key_value_heads=2, head_dim=16, block_size=4, target_layer_ids=[0, 1], mask_token_id=3,

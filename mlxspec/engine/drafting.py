@@ -1,6 +1,6 @@
 """Drafters behind one small interface (llama.cpp `common/speculative.cpp`'s shape).
 
-The decode loop (`engine.py`) only sees this protocol:
+The decode loop (`mlxspec.engine.loop`) only sees this protocol:
 
     taps: tuple[int, ...]     # target layers whose outputs the drafter conditions on
     max_drafts: int           # most drafts one call can return

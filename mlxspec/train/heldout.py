@@ -22,6 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxspec.prompts import encode_prompt, load_prompts
+from mlxspec.train.blocks import block_logits, draft_choice
 from mlxspec.train.regen import generate_windows
 
 CATEGORIES = ("code", "prose", "chat")
@@ -48,8 +49,6 @@ def build_heldout(target, tokenizer, taps, out: str | Path, n_per_category: int 
 def _accepted_lengths(model, frozen, tokens: np.ndarray, taps: mx.array, lo: int, hi: int, end: int) -> np.ndarray:
     """Accepted drafts at every anchor a in [lo, hi) of one greedy continuation whose valid
     tokens end at `end` (drafts past it are never counted as accepted)."""
-    from mlxspec.train.trainer import block_logits, draft_choice
-
     c = model.config
     B = c.block_size
     first = 0 if c.sample_from_anchor else 1
