@@ -27,9 +27,19 @@ def main() -> None:
     ap.add_argument("runs", nargs="+")
     ap.add_argument("--out", required=True)
     ap.add_argument("--label", action="append", default=None, help="one per run (default: the directory name)")
+    ap.add_argument("--prior", action="append", default=None,
+                    help="BLOCKS:TOKENS already behind a run's start (its --init-from drafter), one per run")
+    ap.add_argument("--extra", default=None,
+                    help="JSON {label: [{supervised_blocks, distinct_tokens, heldout: {cat: {tau}}}]}: earlier runs")
     a = ap.parse_args()
     labels = a.label or [Path(r).name for r in a.runs]
     data = {lab: points(Path(r)) for lab, r in zip(labels, a.runs)}
+    for (lab, pts), pr in zip(list(data.items()), a.prior or []):
+        b0, t0 = (float(x) for x in pr.split(":"))
+        data[lab] = [{**p, "supervised_blocks": p["supervised_blocks"] + b0, "distinct_tokens": p["distinct_tokens"] + t0}
+                     for p in pts]
+    if a.extra:
+        data.update(json.loads(Path(a.extra).read_text()))
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(data, indent=1))
@@ -47,7 +57,7 @@ def main() -> None:
                 ys = [p["heldout"][cat]["tau"] for p in pts]
                 ax.plot(xs, ys, style, label=f"{lab} {cat}", markersize=4)
         ax.set_xlabel(name)
-        ax.set_xscale("symlog", linthresh=1000)
+        ax.set_xscale("log")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("held-out tau (greedy, full blocks)")
     axes[1].legend(fontsize=7)
