@@ -155,11 +155,18 @@ class Doorbells:
         return cls(socks, wd)
 
     def ring(self, dst: int) -> None:
-        self.socks[dst].sendall(b"\x01")
+        try:
+            self.socks[dst].sendall(b"\x01")
+        except OSError as e:  # reset / broken pipe: the peer is gone
+            raise MlxspecError(f"rank {self.wd.rank}: lost rank {dst} ({e.strerror or e})") from None
 
     def wait(self, src: int, what: str) -> None:
         def one():
-            if not self.socks[src].recv(1):
+            try:
+                got = self.socks[src].recv(1)
+            except OSError as e:
+                raise MlxspecError(f"rank {self.wd.rank}: lost rank {src} during {what} ({e.strerror or e})") from None
+            if not got:
                 raise MlxspecError(f"rank {self.wd.rank}: lost rank {src} during {what} (connection closed)")
         self.wd.run(what, one)
 
@@ -435,7 +442,13 @@ class DistTarget(Target):
         return self
 
     def __exit__(self, *exc):
-        self.close()
+        if exc[0] is None:
+            self.close()
+            return False
+        try:  # leaving on an error: still tell the followers, but the peers may be gone already,
+            self.close()  # and the error that brought us here is the one to report
+        except (MlxspecError, OSError):
+            pass
         return False
 
     def serve(self):
