@@ -12,6 +12,7 @@ from functools import partial
 from mlxspec.targets.load import load_target
 from mlxspec.train import trainer as new
 from mlxspec.train.data import load_shards
+from mlxspec.targets.model import target_head_rows
 old = None
 if sys.argv[1] == "old":  # the trainer file of an older checkout (e.g. a git worktree), imported beside this one
     spec = importlib.util.spec_from_file_location("old_trainer", sys.argv[5])
@@ -25,7 +26,7 @@ cfg = new.make_drafter_config(tcn, t.info, t.config)
 d_ids = new.draft_vocabulary(shards, V, 8192)
 t2d = np.full(V, -1, np.int32); t2d[d_ids] = np.arange(len(d_ids))
 model = new.DFlashModel(cfg)
-frozen = {"embed": t.embed(mx.arange(V)).astype(mx.float32), "head": new._target_head(t)[mx.array(d_ids)]}
+frozen = {"embed": t.embed(mx.arange(V)).astype(mx.float32), "head": target_head_rows(t, None)[mx.array(d_ids)]}
 mx.eval(frozen)
 if which == "old":
     tco = old.TrainConfig(taps=[1,8,15,22,28], anchors_per_seq=int(sys.argv[2]), block_size=int(sys.argv[3]))

@@ -85,7 +85,6 @@ def test_tau_after_merging_runs(tiny_gguf):
 # ----------------------------------------------------------------------------- the trainer's head
 
 def test_trainer_target_head_dequantizes_a_quantized_target(tmp_path):
-    from mlxspec.train.trainer import _target_head
 
     path = tmp_path / "q4.gguf"
     _, written = write_tiny_model(path, "Q4_0")
@@ -93,7 +92,7 @@ def test_trainer_target_head_dequantizes_a_quantized_target(tmp_path):
     assert hasattr(target.model.model.embed_tokens, "scales")
     tid, raw, shape = written["token_embd.weight"]  # tied head
     want = gguf.quants.dequantize(np.asarray(raw), gguf.GGMLQuantizationType(tid)).reshape(shape)
-    head = _target_head(target)
+    head = target_head_rows(target, None)
     assert head.dtype == mx.float32
     np.testing.assert_array_equal(np.array(head), want.astype(np.float32))
     np.testing.assert_array_equal(np.array(target_head_rows(target, mx.array([3, 1]))), want[[3, 1]])

@@ -179,6 +179,24 @@ class ToolStream:
         return content or "", calls
 
 
+
+async def collect(job, watcher) -> tuple[str, str, dict]:
+    """Wait for the whole generation: (text, finish_reason, usage) or the job's APIError."""
+    text = ""
+    try:
+        while True:
+            ev = await job.events.get()
+            if ev[0] == "text":
+                text += ev[1]
+            elif ev[0] == "error":
+                raise APIError(ev[1], ev[3], ev[2], code=ev[2])
+            else:
+                return text, ev[1], ev[2]
+    finally:
+        job.cancel()  # no-op when done; stops the generation when the handler is cancelled
+        watcher.cancel()
+
+
 class Server:
     def __init__(self, args, worker: Worker, model_id: str):
         self.a = args
@@ -377,20 +395,7 @@ class Server:
             return StreamingResponse(self.sse(job, kind, rid, p["include_usage"], watcher, p.get("tools", False)),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        try:
-            text = ""
-            while True:
-                ev = await job.events.get()
-                if ev[0] == "text":
-                    text += ev[1]
-                elif ev[0] == "error":
-                    raise APIError(ev[1], ev[3], ev[2], code=ev[2])
-                else:
-                    _, finish, usage = ev
-                    break
-        finally:
-            job.cancel()  # no-op when done; stops the generation when this handler is cancelled
-            watcher.cancel()
+        text, finish, usage = await collect(job, watcher)
         if kind == "chat":
             msg = {"role": "assistant", "content": text}
             if p.get("tools"):

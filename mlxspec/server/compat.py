@@ -21,7 +21,7 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from mlxspec.server.app import _MISSING, APIError, ToolStream, _get, parse_tool_calls
+from mlxspec.server.app import _MISSING, APIError, ToolStream, _get, collect, parse_tool_calls
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 NO_TOOLS_WARNING = ("tools ignored for tool calls: this model's chat template defines no <tool_call> markup, "
@@ -31,23 +31,6 @@ _warned = {"tools": False}
 
 def _sse(event: str, data: dict) -> str:
     return f"event: {event}\ndata: {json.dumps(data)}\n\n"
-
-
-async def _collect(job, watcher) -> tuple[str, str, dict]:
-    """Wait for the whole generation: (text, finish_reason, usage) or the job's APIError."""
-    text = ""
-    try:
-        while True:
-            ev = await job.events.get()
-            if ev[0] == "text":
-                text += ev[1]
-            elif ev[0] == "error":
-                raise APIError(ev[1], ev[3], ev[2], code=ev[2])
-            else:
-                return text, ev[1], ev[2]
-    finally:
-        job.cancel()  # no-op when done; stops the generation when the handler is cancelled
-        watcher.cancel()
 
 
 def _tool_input(arguments: str) -> dict:
@@ -268,7 +251,7 @@ async def messages(server, request: Request):
     if p["stream"]:
         return StreamingResponse(_anthropic_sse(server, job, watcher, mid, len(ids), parse_calls),
                                  media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
-    text, finish, usage = await _collect(job, watcher)
+    text, finish, usage = await collect(job, watcher)
     calls = []
     if parse_calls:
         content, calls = parse_tool_calls(text)
@@ -494,7 +477,7 @@ async def responses(server, request: Request):
     if p["stream"]:
         return StreamingResponse(_responses_sse(job, watcher, response, parse_calls),
                                  media_type="text/event-stream", headers={**SSE_HEADERS, **headers})
-    text, finish, usage = await _collect(job, watcher)
+    text, finish, usage = await collect(job, watcher)
     calls = []
     if parse_calls:
         content, calls = parse_tool_calls(text)

@@ -37,9 +37,10 @@ from mlxspec.drafters.build import make_model
 from mlxspec.drafters.model import DFlashModel
 from mlxspec.errors import MlxspecError
 from mlxspec.kernels.selector import teacher_scores
-from mlxspec.targets.model import norm_scale, target_head_rows
+from mlxspec.targets.model import norm_scale
 from mlxspec.train.blocks import block_logits, draft_choice
 from mlxspec.train.data import load_shards, taps_from_store
+from mlxspec.train.heldout import frozen_for, heldout_tau
 
 
 @dataclass
@@ -376,14 +377,10 @@ def train(
     if cfg.draft_vocab_size:
         model.d2t = mx.array(d_ids - np.arange(len(d_ids), dtype=np.int32))
     if init is not None:
-        from mlx.utils import tree_flatten as _flat
-
-        mine = dict(_flat(model.parameters()))
-        model.load_weights([(k, v.astype(mx.float32)) for k, v in _flat(init.parameters())
+        mine = dict(tree_flatten(model.parameters()))
+        model.load_weights([(k, v.astype(mx.float32)) for k, v in tree_flatten(init.parameters())
                             if k in mine and k not in ("lm_head.weight",)], strict=False)
-    embed = target.embed(mx.arange(V)).astype(mx.float32)
-    frozen = {"embed": embed, "head": _target_head(target)[mx.array(d_ids)]}
-    mx.eval(frozen)
+    frozen = frozen_for(target, model)  # the target's embeddings and head rows at the draft ids (d2t)
     model.freeze(keys=["d2t"], strict=False)
 
     def lr_at(step):
@@ -425,9 +422,7 @@ def train(
     t0, ema = time.time(), None
 
     def heldout_point(step_done: int, el: float) -> None:
-        from mlxspec.train.heldout import heldout_tau
-
-        ho = heldout_tau(model, {**frozen, "d_ids": d_ids}, tc.heldout)
+        ho = heldout_tau(model, frozen, tc.heldout)
         history.append({"step": step_done, "supervised_blocks": prior_blocks + blocks,
                         "distinct_tokens": prior_distinct + batcher.distinct_tokens, "elapsed_s": el,
                         "heldout": {c: {"tau": r["tau"], "row1": r["per_position_acceptance"][0],
@@ -498,11 +493,6 @@ def warm_start_from_target(model: DFlashModel, target, taps: list) -> None:
     fc[:, deepest * H:(deepest + 1) * H] = np.eye(H, dtype=np.float32)
     model.fc.weight = mx.array(fc)
     model.hidden_norm.weight = src_layers[0].input_layernorm.weight.astype(mx.float32)
-
-
-def _target_head(target) -> mx.array:
-    """The target's LM head, dense float32 (dequantized when the target is quantized)."""
-    return target_head_rows(target, None)
 
 
 def check_out_dir(out: Path, tc: TrainConfig, resume: bool, force: bool) -> None:
