@@ -6,14 +6,14 @@
 
 `model` is an mlxspec `Target` (wrapping an mlx-lm model). An app that already holds an
 mlx-lm model can pass it straight in: `generate(mlx_lm_model, mlx_lm_tokenizer, ...)`
-(wrapped on the fly), with `load_speculator(path, model)` for the drafter.
+(wrapped on the fly), with `Speculator.build(SpecConfig(draft=path), model)` for the drafter.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -44,9 +44,53 @@ def shipped_drafter(kind: str = "dspark") -> Path | None:
     return p if p.exists() else None
 
 
+@dataclass(frozen=True, kw_only=True)
+class SpecConfig:
+    """How to speculate, as `mlxspec generate`'s flags say it (`mlxspec.args.spec_config`
+    builds one from them): checked once, here, and taken whole by `load`, the server,
+    distributed, bench and evaluate.
+
+    draft: a drafter path (dir or .gguf) or hub id, "auto" (`resolve_auto_draft`), or None /
+    "none" (no drafter; spec_type "none" means the same). policy: "adaptive" | "fixed" | None
+    (adaptive unless block_size, num_draft_tokens or schedule pins the length). ngram: prompt
+    lookup beside a block drafter (--ngram; on by default)."""
+
+    draft: str | None = "auto"
+    spec_type: str = "auto"
+    block_size: int | None = None
+    num_draft_tokens: int | None = None
+    p_min: float | None = None
+    schedule: bool = False
+    policy: str | None = None
+    ngram: bool = True
+
+    def __post_init__(self):
+        d = self.draft
+        if d is not None and not isinstance(d, (str, os.PathLike)):
+            raise MlxspecError(f"draft={d!r}: pass a path (or a Hugging Face repo id) as a string, or None")
+        if d is not None and not str(d).strip():
+            raise MlxspecError("--draft is empty: pass a .gguf file, a directory or a Hugging Face repo id, 'auto' or 'none'")
+        if self.spec_type not in SPEC_TYPES:
+            raise MlxspecError(f"--spec-type {self.spec_type!r} is not one of {', '.join(SPEC_TYPES)}")
+        check_spec_args(self.block_size, self.num_draft_tokens, self.p_min)
+        if self.policy is not None and self.policy not in VERIFY_POLICIES:
+            raise MlxspecError(f"--verify-policy {self.policy!r} is not one of {', '.join(VERIFY_POLICIES)}")
+        if d == "none" or self.spec_type == "none":
+            object.__setattr__(self, "draft", None)
+        elif isinstance(d, os.PathLike):
+            object.__setattr__(self, "draft", os.fspath(d))
+
+    @property
+    def verify_policy(self) -> str:
+        """The policy in force: the one asked for, else fixed when a flag pins the length."""
+        pinned = self.block_size is not None or self.num_draft_tokens is not None or self.schedule
+        return self.policy or ("fixed" if pinned else "adaptive")
+
+
 @dataclass(kw_only=True)
 class Speculator:
-    """How to speculate: a drafter plus the knobs of the loop."""
+    """How to speculate: a drafter plus the knobs of the loop (`Speculator.build` makes one
+    from a `SpecConfig`; `session` runs one request with it)."""
 
     drafter_factory: object = None  # callable(target) -> Drafter, or None (autoregressive)
     spec_type: str = "none"
@@ -62,6 +106,32 @@ class Speculator:
 
     def make_drafter(self, target):
         return self.drafter_factory(target) if self.drafter_factory else NoDrafter()
+
+    @classmethod
+    def build(cls, config: SpecConfig, target, *, model: str | None = None, log=None) -> "Speculator":
+        """The speculator `config` describes, for an already loaded `target` (a `Target`, an
+        mlx-lm model or distributed's target). model: the target's path or id, which
+        `draft="auto"` is resolved for (None: the default model)."""
+        target = as_target(target)
+        draft, spec_type = config.draft, config.spec_type
+        if draft == "auto":
+            draft, spec_type = resolve_auto_draft(model, spec_type, ngram=config.ngram, log=log)
+        return _build(config, draft, spec_type, target, log)
+
+    def session(self, target, prompt_ids: list[int], *, max_tokens: int = 256,
+                sampling: SamplingParams = SamplingParams(), seed: int | None = 0,
+                eos_ids: set[int] | frozenset = frozenset(), stats: SpecStats | None = None,
+                cache: list | None = None, drafter=None, check_invariants: bool = True) -> Iterator[list[int]]:
+        """One request: the drafter (a new one unless given), its verify-length policy and the
+        loop (`generate_steps`, whose committed-token lists this yields). Every driver (the
+        API, the server, evaluate, bench, distributed) runs requests through here."""
+        target = as_target(target)
+        drafter = self.make_drafter(target) if drafter is None else drafter
+        sched = profile_for(target, drafter) if self.schedule else None
+        policy = make_policy(target, drafter, self, sampling.temperature)
+        return generate_steps(target, prompt_ids, drafter=drafter, max_tokens=max_tokens, sampling=sampling, seed=seed,
+                              eos_ids=eos_ids, p_min=self.p_min, scheduler=sched, max_drafts=self.num_draft_tokens,
+                              stats=stats, check_invariants=check_invariants, cache=cache, policy=policy)
 
 
 @dataclass
@@ -83,40 +153,25 @@ class GenerationResponse:
     stats: SpecStats | None = None
 
 
-def load(
-    model: str | None = None,
-    draft: str | None = "auto",
-    *,
-    spec_type: str = "auto",
-    block_size: int | None = None,
-    num_draft_tokens: int | None = None,
-    p_min: float | None = None,
-    schedule: bool = False,
-    log=None,
-    policy: str | None = None,
-    ngram: bool = True,
-):
+_UNSET = object()
+
+
+def load(model: str | None = None, draft=_UNSET, *, config: SpecConfig | None = None, log=None, **fields):
     """-> (target, tokenizer, speculator).
 
-    policy / ngram: as `mlxspec generate`'s --verify-policy / --ngram (on by default: prompt
-    lookup beside a block drafter, used when the adaptive policy finds that it pays).
-
-    model: .gguf file or MLX/HF dir; None = the default SmolLM2-135M-Instruct.
-    draft: a drafter path (dir or .gguf) or hub id, "auto" (`resolve_auto_draft`: the shipped
-    DSpark drafter for the default model, else the target's entry in the drafter registry,
-    else prompt lookup), or None.
+    model: .gguf file or MLX/HF dir or hub id; None = the default SmolLM2-135M-Instruct.
+    config: how to speculate (`SpecConfig`; default: `--draft auto` with the adaptive policy
+    and prompt lookup). draft and the keyword fields (spec_type, block_size,
+    num_draft_tokens, p_min, schedule, policy, ngram) replace the config's own:
+    `load(model, "path/to/drafter", policy="fixed")`.
     """
-    for name, v in (("model", model), ("draft", draft)):
-        if v is not None and not isinstance(v, (str, os.PathLike)):
-            raise MlxspecError(f"{name}={v!r}: pass a path (or a Hugging Face repo id) as a string, or None")
-    if draft is not None and not str(draft).strip():  # (an empty --model: load_target's resolver)
-        raise MlxspecError("--draft is empty: pass a .gguf file, a directory or a Hugging Face repo id, 'auto' or 'none'")
+    if model is not None and not isinstance(model, (str, os.PathLike)):
+        raise MlxspecError(f"model={model!r}: pass a path (or a Hugging Face repo id) as a string, or None")
+    if draft is not _UNSET:
+        fields["draft"] = draft
+    config = replace(config or SpecConfig(), **fields) if fields else (config or SpecConfig())
     target, tok = load_target(model)
-    if draft == "auto":
-        draft, spec_type = resolve_auto_draft(model, spec_type, ngram=ngram, log=log)
-    spec = load_speculator(draft, target, spec_type=spec_type, block_size=block_size, num_draft_tokens=num_draft_tokens, p_min=p_min, schedule=schedule, log=log,
-                           policy=policy, ngram=ngram)
-    return target, tok, spec
+    return target, tok, Speculator.build(config, target, model=model, log=log)
 
 
 def resolve_auto_draft(model: str | None, spec_type: str = "auto", *, ngram: bool = True,
@@ -150,29 +205,20 @@ def resolve_auto_draft(model: str | None, spec_type: str = "auto", *, ngram: boo
     return entry["path"], spec_type
 
 
-def load_speculator(
-    draft: str | None,
-    target: Target,
-    *,
-    spec_type: str = "auto",
-    block_size: int | None = None,
-    num_draft_tokens: int | None = None,
-    p_min: float | None = None,
-    schedule: bool = False,
-    log=None,
-    policy: str | None = None,
-    ngram: bool = False,
-) -> Speculator:
-    """policy: "adaptive" | "fixed" | None (adaptive unless --block-size, --num-draft-tokens
-    or --schedule pins the length). ngram: add prompt lookup beside a block drafter."""
-    if spec_type not in SPEC_TYPES:
-        raise MlxspecError(f"--spec-type {spec_type!r} is not one of {', '.join(SPEC_TYPES)}")
-    check_spec_args(block_size, num_draft_tokens, p_min)
-    if policy is not None and policy not in VERIFY_POLICIES:
-        raise MlxspecError(f"--verify-policy {policy!r} is not one of {', '.join(VERIFY_POLICIES)}")
-    pinned = block_size is not None or num_draft_tokens is not None or schedule
-    policy = policy or ("fixed" if pinned else "adaptive")
-    target = as_target(target)
+def load_speculator(draft: str | None, target: Target, *, spec_type: str = "auto", block_size: int | None = None,
+                    num_draft_tokens: int | None = None, p_min: float | None = None, schedule: bool = False,
+                    log=None, policy: str | None = None, ngram: bool = False) -> Speculator:
+    """Deprecated: `Speculator.build(SpecConfig(...), target)`. Kept, with its old
+    `ngram=False` default, for callers written before `SpecConfig`."""
+    cfg = SpecConfig(draft=draft, spec_type=spec_type, block_size=block_size, num_draft_tokens=num_draft_tokens,
+                     p_min=p_min, schedule=schedule, policy=policy, ngram=ngram)
+    return _build(cfg, cfg.draft, cfg.spec_type, as_target(target), log)
+
+
+def _build(sc: SpecConfig, draft: str | None, spec_type: str, target: Target, log) -> Speculator:
+    """The speculator for a resolved drafter path and spec type (`--draft auto` already decided)."""
+    block_size, num_draft_tokens, p_min, schedule, ngram = sc.block_size, sc.num_draft_tokens, sc.p_min, sc.schedule, sc.ngram
+    policy = sc.verify_policy
     if spec_type == "ngram":
         n = num_draft_tokens or 8
         vocab = target.info.vocab_size
@@ -285,9 +331,6 @@ def stream_generate(
     if not ids:
         raise MlxspecError("the prompt is empty; pass some text with --prompt")
     ids = check_prompt_ids(ids, target.info.vocab_size, target.config.get("max_position_embeddings"), max_tokens)
-    drafter = spec.make_drafter(target) if drafter is None else drafter
-    sched = profile_for(target, drafter) if spec.schedule else None
-    policy = make_policy(target, drafter, spec, temp)
     stats = SpecStats()
     sp = SamplingParams(temp, top_p, top_k)
     detok = tokenizer.detokenizer
@@ -296,8 +339,8 @@ def stream_generate(
     text_so_far, sent, emitted = "", 0, 0  # with stop strings: text seen / already yielded
     stop = [s for s in (stop or []) if s]
     mx.reset_peak_memory()
-    steps = generate_steps(target, ids, drafter=drafter, max_tokens=max_tokens, sampling=sp, seed=seed, eos_ids=eos, p_min=spec.p_min, scheduler=sched, max_drafts=spec.num_draft_tokens, stats=stats,
-                           cache=cache, policy=policy)
+    steps = spec.session(target, ids, max_tokens=max_tokens, sampling=sp, seed=seed, eos_ids=eos, stats=stats,
+                         cache=cache, drafter=drafter)
     finished = False
     for committed in steps:
         for j, tok in enumerate(committed):

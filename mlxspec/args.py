@@ -38,6 +38,14 @@ def add_model_args(p):
                         "picks per step (default on; --no-ngram turns it off)")
 
 
+def spec_config(a) -> api.SpecConfig:
+    """The speculation flags of `add_model_args` as one checked `SpecConfig` (--draft none and
+    --spec-type none mean no drafter)."""
+    return api.SpecConfig(draft=a.draft, spec_type=a.spec_type, block_size=a.block_size,
+                          num_draft_tokens=a.num_draft_tokens, p_min=a.p_min, schedule=a.schedule,
+                          policy=a.verify_policy, ngram=a.ngram)
+
+
 def add_sampling_args(p):
     p.add_argument("--max-tokens", "-n", type=int, default=256)
     p.add_argument("--temp", type=float, default=0.0)

@@ -18,6 +18,7 @@ from mlxspec.args import (
     print_generation,
     prompt_ids,
     read_prompt,
+    spec_config,
 )
 from mlxspec.errors import MlxspecError
 from mlxspec.logger import to_stderr
@@ -89,11 +90,7 @@ def cmd_generate(a) -> int:
     check_blas()
     check_generate_args(a)
     prompt = read_prompt(a)
-    draft = None if a.draft in (None, "none") else a.draft
-    if a.spec_type == "none":
-        draft = None
-    target, tok, spec = api.load(a.model, draft, spec_type=a.spec_type, block_size=a.block_size, num_draft_tokens=a.num_draft_tokens, p_min=a.p_min, schedule=a.schedule,
-                                 policy=a.verify_policy, ngram=a.ngram)
+    target, tok, spec = api.load(a.model, config=spec_config(a))
     print_generation(target, tok, prompt_ids(a, tok, prompt), spec, a)
     return 0
 

@@ -4,23 +4,27 @@ from __future__ import annotations
 
 import sys
 
-from mlxspec.api import load_speculator
-from mlxspec.engine.loop import SpecStats, generate_steps
+from mlxspec.api import SpecConfig, Speculator
+from mlxspec.engine.loop import SpecStats
 from mlxspec.engine.verify import SamplingParams
 from mlxspec.prompts import encode_prompt, load_prompts
 
 
-def run_prompts(target, tokenizer, drafter_factory, prompts: list[list[int]], max_tokens: int = 64,
-                sampling: SamplingParams = SamplingParams(), seed: int = 0, **kw) -> tuple[SpecStats, list]:
-    """Generate for each prompt; -> (merged stats, outputs)."""
+def run_prompts(target, tokenizer, speculator, prompts: list[list[int]], max_tokens: int = 64,
+                sampling: SamplingParams = SamplingParams(), seed: int = 0) -> tuple[SpecStats, list]:
+    """Generate for each prompt through `Speculator.session`; -> (merged stats, outputs).
+
+    speculator: a `Speculator`, or a drafter factory (callable(target) -> Drafter, or None
+    for autoregressive) run at its full block under the fixed policy."""
+    if not isinstance(speculator, Speculator):
+        speculator = Speculator(drafter_factory=speculator, policy="fixed")
     total = SpecStats()
     outs = []
     for i, ids in enumerate(prompts):
         st = SpecStats()
-        d = drafter_factory(target) if drafter_factory else None
         out = []
-        for c in generate_steps(target, ids, drafter=d, max_tokens=max_tokens, sampling=sampling, seed=seed + i, eos_ids=tokenizer.eos_token_ids,
-                                stats=st, **kw):
+        for c in speculator.session(target, ids, max_tokens=max_tokens, sampling=sampling, seed=seed + i,
+                                    eos_ids=tokenizer.eos_token_ids, stats=st):
             out += c
         outs.append(out)
         total.merge(st)
@@ -29,12 +33,14 @@ def run_prompts(target, tokenizer, drafter_factory, prompts: list[list[int]], ma
 
 def evaluate_drafter(target, tokenizer, drafter_path, n_per_category: int = 8, max_tokens: int = 64,
                      categories=("code", "prose", "chat"), block_size=None, log=sys.stderr) -> dict:
-    spec = load_speculator(str(drafter_path), target, spec_type="auto", block_size=block_size, log=log)
+    """The drafter alone (no prompt lookup) at its full block: the fixed policy."""
+    cfg = SpecConfig(draft=str(drafter_path), block_size=block_size, policy="fixed", ngram=False)
+    spec = Speculator.build(cfg, target, log=log)
     prompts = load_prompts()
     res = {}
     for cat in categories:
         ids = [encode_prompt(tokenizer, cat, p) for p in prompts[cat][:n_per_category]]
-        st, _ = run_prompts(target, tokenizer, spec.drafter_factory, ids, max_tokens)
+        st, _ = run_prompts(target, tokenizer, spec, ids, max_tokens)
         res[cat] = {
             "acceptance_rate": st.acceptance_rate,
             "accepted": st.accepted,

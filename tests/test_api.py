@@ -209,3 +209,55 @@ def test_incompatible_drafter_refused_before_generation(sm, tmp_path, what):
     assert "\n" not in str(e.value) and path in str(e.value)
     with pytest.raises(MlxspecError, match=msg):
         quiet_speculator(path, target)
+
+
+# ----------------------------------------------------------------------------- SpecConfig, load, session
+
+def test_spec_config_from_flags_equals_the_api_one():
+    """`mlxspec generate`'s flags build the SpecConfig the API takes; 'none' means no drafter;
+    one ngram default (on) for the CLI and the API."""
+    from mlxspec.args import spec_config
+
+    g = cli.build_parser().parse_args(["generate", "--draft", "d.gguf", "--block-size", "3", "--p-min", "0.5",
+                                       "--verify-policy", "fixed", "--prompt", "x"])
+    assert spec_config(g) == api.SpecConfig(draft="d.gguf", block_size=3, p_min=0.5, policy="fixed", ngram=True)
+    assert spec_config(cli.build_parser().parse_args(["generate", "--prompt", "x"])) == api.SpecConfig()
+    assert api.SpecConfig().ngram is True and api.SpecConfig().draft == "auto"
+    assert api.SpecConfig(draft="none").draft is None
+    assert api.SpecConfig(draft="d.gguf", spec_type="none").draft is None
+    assert api.SpecConfig(block_size=4).verify_policy == "fixed" and api.SpecConfig().verify_policy == "adaptive"
+    assert api.SpecConfig(schedule=True, policy="adaptive").verify_policy == "adaptive"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        api.SpecConfig().block_size = 2
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(spec_type="draft-foo"), "--spec-type 'draft-foo' is not one of auto, draft-dflash, draft-dspark, draft-dflash2, "
+                                  "draft-simple, ngram, none"),
+    (dict(policy="sometimes"), "--verify-policy 'sometimes' is not one of adaptive, fixed"),
+    (dict(draft=""), "--draft is empty: pass a .gguf file, a directory or a Hugging Face repo id, 'auto' or 'none'"),
+    (dict(draft=3), "draft=3: pass a path (or a Hugging Face repo id) as a string, or None"),
+])
+def test_spec_config_refuses_bad_values(kw, msg):
+    with pytest.raises(MlxspecError) as e:
+        api.SpecConfig(**kw)
+    assert str(e.value) == msg
+
+
+def test_load_takes_a_config_or_its_fields(sm, dspark_dir, smollm2_path):
+    """load(model, config=SpecConfig(...)) and load(model, draft, **fields) are the same load;
+    the session is what stream_generate runs."""
+    target, tok, ids, ar, _ = sm
+    cfg = api.SpecConfig(draft=dspark_dir, block_size=3, ngram=False)
+    _, _, a = api.load(str(smollm2_path), config=cfg, log=io.StringIO())
+    _, _, b = api.load(str(smollm2_path), dspark_dir, block_size=3, ngram=False, log=io.StringIO())
+    _, _, c = api.load(str(smollm2_path), config=api.SpecConfig(draft=dspark_dir), block_size=3, ngram=False,
+                       log=io.StringIO())
+    assert (a.spec_type, a.description, a.policy) == (b.spec_type, b.description, b.policy) == (
+        c.spec_type, c.description, c.policy) == ("draft-dspark", "dspark dspark block=3", "fixed")
+    st = api.SpecStats()
+    steps = [t for s in a.session(target, ids, max_tokens=10, stats=st) for t in s]
+    assert steps == ar[:10] == [r.token for r in api.stream_generate(target, tok, ids, a, max_tokens=10)]
+    assert st.drafted > 0 and max(st.verify_lengths) <= 4
+    with pytest.raises(TypeError):
+        api.load(str(smollm2_path), config=cfg, blocksize=3)

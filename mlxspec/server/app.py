@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.routing import Route
 
-from mlxspec.args import check_blas
+from mlxspec.args import check_blas, spec_config
 from mlxspec.cache import hub_repo_of
 from mlxspec.errors import MlxspecError
 from mlxspec.server.worker import Job, Worker
@@ -549,10 +549,7 @@ def cmd_serve(a) -> int:
         raise MlxspecError(f"--port {a.port} is out of range: use 0..65535")
     if not a.timeout > 0:
         raise MlxspecError(f"--timeout {a.timeout} must be positive")
-    draft = None if a.draft in (None, "none") or a.spec_type == "none" else a.draft
-    load_kw = dict(model=a.model, draft=draft, spec_type=a.spec_type, block_size=a.block_size,
-                   num_draft_tokens=a.num_draft_tokens, p_min=a.p_min, schedule=a.schedule,
-                   policy=a.verify_policy, ngram=a.ngram)
+    load_kw = dict(model=a.model, config=spec_config(a))
     worker = Worker(load_kw, a.prompt_cache_bytes, a.max_queue)
     worker.start()  # loads on the generation thread; MlxspecError -> one line, exit 2
     src = worker.target.info.source or a.model or "SmolLM2-135M-Instruct"
