@@ -1,0 +1,424 @@
+"""Speculation for many sequences at once: one batched target verify per step.
+
+`SpecBatch` runs B sequences (`Row`s). Each keeps what `generate_steps` keeps for one: its
+own drafter and drafter state, its own adaptive verify policy (so its own verify length),
+its own rng, stats and accepted counts. One step:
+  1. every row drafts on its own and picks its own verify length (as `generate_steps`);
+  2. the rows' blocks [anchor, d_1..d_n] are padded on the right to the longest and the
+     target runs ONE forward over the [B, L] tokens (with taps);
+  3. each row accepts with `accept_greedy` / `accept_sampled` (pure functions, per row) on
+     its own rows of the logits, and commits;
+  4. each row keeps only its committed positions: its length in the batch cache grows by
+     accepted + 1 (exact per-row rollback; nothing is copied).
+
+The batched cache (`RaggedKVCache`, one per layer) holds the rows with per-row lengths: row
+b's positions 0..len_b-1 sit at buffer slots 0..len_b-1, a step writes its block at slots
+len_b.., and the mask lets query j of row b see slots <= len_b + j only, so the slots past a
+row's length (another row's longer history, padding, rejected drafts) are never read.
+mlx-lm's `BatchKVCache` left-pads instead: rows share one end slot, so after a step where
+rows keep different numbers of tokens every row but the longest would have to be shifted
+right (a copy of its whole cache, every step) or carry holes in a per-row mask. Per-row
+lengths make rollback free and let a row's prompt be copied in once, at its join.
+
+Sequences join between steps (`add`): the prompt is prefilled alone, in a cache of its own
+as `generate_steps` does (so the server's prompt cache still applies), then its K/V are
+copied into the batch. Finished or removed rows leave between steps (`remove`; `extract`
+gives a row's cache back as a single-sequence `TargetCache`).
+
+Batching needs plain KV caches (dense targets). Targets with sliding-window (rotating) or
+recurrent layers are refused by `check_batchable` with one line; callers then run those one
+sequence at a time through `generate_steps`, whose rollback is exact for every cache kind.
+
+Each row's output is what it produces alone: greedy token for token, sampled with the same
+rng draws in the same order. The batched forward is not bit-identical to a single one (the
+GEMMs see more rows; attention sums over more masked slots), which moves logits by float
+rounding only (tests/test_batch.py compares real prompts token for token).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
+
+from mlxspec.engine.drafting import Drafter, NoDrafter
+from mlxspec.engine.loop import InvariantError, SpecStats, choose_verify_length, truncate_p_min
+from mlxspec.engine.ngram import NgramDrafter, lookup_output
+from mlxspec.engine.policy import VerifyPolicy
+from mlxspec.engine.verify import (
+    SamplingParams,
+    accept_greedy,
+    accept_sampled,
+    argmax_finite,
+    probs_from_logits,
+    sample_token,
+)
+from mlxspec.errors import MlxspecError
+from mlxspec.targets.model import Target, cache_length
+from mlxspec.targets.rollback import TargetCache
+
+STEP = 256  # batch buffers grow in whole steps of slots, as mlx-lm's KVCache does
+
+
+def check_batchable(target: Target) -> None:
+    """Raise one line unless every layer of the target has a plain KV cache."""
+    kinds = target.make_cache().kinds
+    if any(k != "kv" for k in kinds) or any(type(c).__name__ != "KVCache" for c in target.make_cache()):
+        other = sorted({type(c).__name__ for c in target.make_cache() if type(c).__name__ != "KVCache"})
+        raise MlxspecError(
+            f"model_type '{target.info.model_type}' has {', '.join(other)} layers: batched speculation needs plain "
+            "KV caches, so its sequences run one at a time")
+
+
+class _Lengths:
+    """Per-row lengths shared by every layer's cache: a Python list (the batch's bookkeeping)
+    and its mx.array (RoPE offsets, masks, write positions)."""
+
+    def __init__(self):
+        self.list: list[int] = []
+        self.array = mx.zeros((0,), dtype=mx.int32)
+
+    def set(self, lengths: list[int]) -> None:
+        self.list = [int(x) for x in lengths]
+        self.array = mx.array(self.list, dtype=mx.int32)
+
+
+class RaggedKVCache:
+    """One layer's K/V for B rows of different lengths (see the module docstring). The
+    batch moves the lengths; a forward only writes its block at each row's length."""
+
+    def __init__(self, lengths: _Lengths):
+        self.lens = lengths
+        self.keys: mx.array | None = None  # [B, n_kv, capacity, head_dim]
+        self.values: mx.array | None = None
+
+    @property
+    def offset(self) -> mx.array:  # the RoPE position of each row's first new token
+        return self.lens.array
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        L = keys.shape[2]
+        lens = self.lens.list
+        end = max(lens) + L
+        if self.keys is None or end > self.keys.shape[2]:
+            self._grow(end, keys, values)
+        if min(lens) == max(lens):
+            p = lens[0]
+            self.keys[..., p : p + L, :] = keys
+            self.values[..., p : p + L, :] = values
+        else:
+            idx = (self.lens.array[:, None] + mx.arange(L, dtype=mx.int32))[:, None, :, None]
+            self.keys = mx.put_along_axis(self.keys, idx, keys, axis=2)
+            self.values = mx.put_along_axis(self.values, idx, values, axis=2)
+        return self.keys[..., :end, :], self.values[..., :end, :]
+
+    def _grow(self, end: int, keys, values):
+        cap = (end + STEP - 1) // STEP * STEP
+        B, H, _, D = keys.shape
+        new = [mx.zeros((B, H, cap, a.shape[3]), a.dtype) for a in (keys, values)]
+        if self.keys is not None:
+            old = self.keys.shape[2]
+            new = [mx.concatenate([o, n[:, :, old:]], axis=2) for o, n in zip((self.keys, self.values), new)]
+        self.keys, self.values = new
+
+    def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs) -> mx.array:
+        """[B, 1, N, S]: query j of row b (position len_b + j) sees slots 0..len_b + j."""
+        S = max(self.lens.list) + N
+        q = self.lens.array[:, None] + mx.arange(N, dtype=mx.int32)  # [B, N]
+        mask = mx.arange(S, dtype=mx.int32)[None, None, :] <= q[:, :, None]
+        if window_size is not None:
+            mask = mask & (mx.arange(S, dtype=mx.int32)[None, None, :] > q[:, :, None] - window_size)
+        return mask[:, None]
+
+    # -- rows joining and leaving (between steps) -----------------------------------
+    def append_row(self, keys: mx.array, values: mx.array, n: int, capacity: int) -> None:
+        """Add a row whose n positions are keys/values[:, :, :n] ([1, n_kv, >= n, hd])."""
+        k, v = keys[:, :, :n], values[:, :, :n]
+        if self.keys is None:
+            cap = capacity
+            pad = [(0, 0), (0, 0), (0, cap - n), (0, 0)]
+            self.keys, self.values = mx.pad(k, pad), mx.pad(v, pad)
+            return
+        cap = max(self.keys.shape[2], capacity)
+        if cap > self.keys.shape[2]:
+            grow = [(0, 0), (0, 0), (0, cap - self.keys.shape[2]), (0, 0)]
+            self.keys, self.values = mx.pad(self.keys, grow), mx.pad(self.values, grow)
+        pad = [(0, 0), (0, 0), (0, cap - n), (0, 0)]
+        self.keys = mx.concatenate([self.keys, mx.pad(k, pad)], axis=0)
+        self.values = mx.concatenate([self.values, mx.pad(v, pad)], axis=0)
+
+    def keep_rows(self, rows: list[int]) -> None:
+        if not rows:
+            self.keys = self.values = None
+            return
+        idx = mx.array(rows, dtype=mx.int32)
+        self.keys, self.values = self.keys[idx], self.values[idx]
+
+
+@dataclass(eq=False)
+class Row:
+    """One sequence of the batch: `generate_steps`' per-request state."""
+
+    prompt_ids: list[int]
+    drafter: Drafter
+    sampling: SamplingParams
+    rng: np.random.Generator
+    eos_ids: frozenset
+    max_tokens: int
+    limit: int  # most drafts per step
+    p_min: float | None = None
+    scheduler: dict | None = None
+    policy: VerifyPolicy | None = None
+    stats: SpecStats = field(default_factory=SpecStats)
+    tag: object = None  # the caller's (the server's job)
+    anchor: int = -1
+    produced: int = 0
+    done: bool = False
+    t_gen: float = 0.0
+
+    @property
+    def length(self) -> int:
+        """Target positions this row's cache holds (prompt + generated - 1)."""
+        return len(self.prompt_ids) + self.produced - 1
+
+
+@dataclass
+class _Proposal:
+    drafts: list
+    d: object  # DraftOutput or None
+    source: str
+    conf: list | None
+    t_drafted: float
+
+
+class SpecBatch:
+    """Rows speculating together over one target (see the module docstring).
+
+    taps: the target layers the rows' drafters read (rows without a drafter ignore them).
+    """
+
+    def __init__(self, target: Target, taps: tuple = (), check_invariants: bool = True):
+        check_batchable(target)
+        self.target = target
+        self.taps = tuple(taps)
+        self.check_invariants = check_invariants
+        self.rows: list[Row] = []
+        self.lens = _Lengths()
+        self.layers = [RaggedKVCache(self.lens) for _ in range(target.info.num_layers)]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    # -- joining ------------------------------------------------------------------------
+    def add(
+        self,
+        prompt_ids: list[int],
+        *,
+        drafter: Drafter | None = None,
+        max_tokens: int = 256,
+        sampling: SamplingParams = SamplingParams(),
+        seed: int | None = 0,
+        eos_ids: set[int] | frozenset = frozenset(),
+        p_min: float | None = None,
+        scheduler: dict[int, float] | None = None,
+        max_drafts: int | None = None,
+        policy: VerifyPolicy | None = None,
+        cache: list | None = None,
+        tag=None,
+    ) -> tuple[Row, list[int]]:
+        """Prefill one sequence alone and join it to the batch -> (row, [first token]).
+
+        Arguments as `generate_steps`'; `cache` may hold a prefix of the prompt (the server's
+        prompt cache) and is consumed. A row that is done after its first token (EOS,
+        max_tokens 1) does not join."""
+        drafter = drafter or NoDrafter()
+        if tuple(drafter.taps) not in ((), self.taps):
+            raise ValueError(f"the drafter reads taps {tuple(drafter.taps)}, the batch {self.taps}")
+        if not prompt_ids:
+            raise ValueError("empty prompt")
+        cache = self.target.make_cache() if cache is None else cache
+        n_cached = cache_length(cache)
+        if n_cached >= len(prompt_ids):
+            raise ValueError(f"the cache holds {n_cached} tokens; at least one of the {len(prompt_ids)} "
+                             "prompt tokens must remain to prefill")
+        limit = drafter.max_drafts if max_drafts is None else min(max_drafts, drafter.max_drafts)
+        row = Row(list(prompt_ids), drafter, sampling, np.random.default_rng(seed), frozenset(eos_ids), max_tokens,
+                  limit, p_min, scheduler, policy, tag=tag)
+        t0 = time.perf_counter()
+        taps = tuple(drafter.taps)
+        logits, ptaps = self.target(mx.array([prompt_ids[n_cached:]]), cache, taps=taps, logits="last")
+        first = _pick(logits[0, -1], sampling, row.rng)
+        row.stats.prompt_tokens, row.stats.prompt_time = len(prompt_ids), time.perf_counter() - t0
+        drafter.begin(list(prompt_ids), ptaps)
+        row.t_gen = time.perf_counter()
+        row.stats.generated = row.produced = 1
+        row.anchor = first
+        if first in row.eos_ids or max_tokens <= 1:
+            row.done = True
+            return row, [first]
+        n = cache_length(cache)
+        cap = (max([n] + self.lens.list) + STEP - 1) // STEP * STEP + STEP
+        for layer, c in zip(self.layers, cache):
+            layer.append_row(c.keys, c.values, n, cap)
+        self.rows.append(row)
+        self.lens.set(self.lens.list + [n])
+        return row, [first]
+
+    # -- leaving --------------------------------------------------------------------------
+    def extract(self, row: Row) -> TargetCache:
+        """A single-sequence copy of the row's cache (its `length` positions)."""
+        from mlx_lm.models.cache import KVCache
+
+        b = self.rows.index(row)
+        n = self.lens.list[b]
+        out = []
+        for layer in self.layers:
+            c = KVCache()
+            c.keys = mx.contiguous(layer.keys[b : b + 1, :, :n])
+            c.values = mx.contiguous(layer.values[b : b + 1, :, :n])
+            c.offset = n
+            out.append(c)
+        mx.eval([x for c in out for x in (c.keys, c.values)])
+        tc = TargetCache(out)
+        tc.length = n
+        return tc
+
+    def remove(self, rows) -> None:
+        """Drop rows from the batch (finished, cancelled) between steps."""
+        gone = {id(r) for r in rows}
+        keep = [i for i, r in enumerate(self.rows) if id(r) not in gone]
+        if len(keep) == len(self.rows):
+            return
+        for layer in self.layers:
+            layer.keep_rows(keep)
+        self.rows = [self.rows[i] for i in keep]
+        self.lens.set([self.lens.list[i] for i in keep])
+
+    # -- one step ---------------------------------------------------------------------------
+    def step(self) -> list[tuple[Row, list[int]]]:
+        """Draft, verify in one forward, accept and commit for every row -> [(row, committed)].
+
+        Rows that end in this step (EOS, max_tokens) are marked `done` and stay in the batch
+        until `remove` (so a caller can still `extract` their cache)."""
+        live = [r for r in self.rows if not r.done]
+        if not live:
+            return []
+        if self.check_invariants:
+            for r, n in zip(self.rows, self.lens.list):
+                if not r.done:
+                    _check(r, n)
+        props = {id(r): self._propose(r) for r in live}
+        # padded block per row: [anchor, drafts..] then repeats of its last token
+        blocks = [[r.anchor] + props[id(r)].drafts if not r.done else [r.anchor] for r in self.rows]
+        L = max(len(b) for b in blocks)
+        tokens = mx.array([b + [b[-1]] * (L - len(b)) for b in blocks])
+        tv = time.perf_counter()
+        vlogits, vtaps = self.target(tokens, self.layers, taps=self.taps, logits="all")
+        greedy_rows = [b for b, r in enumerate(self.rows) if not r.done and r.sampling.greedy]
+        sampled_rows = [b for b, r in enumerate(self.rows) if not r.done and not r.sampling.greedy]
+        am = p_all = None
+        if greedy_rows:
+            am = argmax_finite(vlogits[mx.array(greedy_rows)] if sampled_rows else vlogits)
+        if sampled_rows:
+            ps = [probs_from_logits(vlogits[b], self.rows[b].sampling) for b in sampled_rows]
+            mx.eval(ps)
+            p_all = dict(zip(sampled_rows, ps))
+        if am is not None:
+            mx.eval(am)
+            am_rows = am.tolist()
+            am_of = dict(zip(greedy_rows, am_rows)) if sampled_rows else dict(enumerate(am_rows))
+        t_verified = time.perf_counter() - tv
+        out, new_lens = [], list(self.lens.list)
+        for b, r in enumerate(self.rows):
+            if r.done:
+                continue
+            pr = props[id(r)]
+            drafts = pr.drafts
+            if r.sampling.greedy:
+                a, nxt = accept_greedy(drafts, am_of[b][: len(drafts) + 1])
+            else:
+                p_np = np.asarray(p_all[b])
+                if drafts:
+                    a, nxt = accept_sampled(drafts, np.asarray(pr.d.probs[: len(drafts)]), p_np[: len(drafts) + 1], r.rng)
+                else:
+                    a, nxt = 0, sample_token(p_np[0], r.rng)
+            new_lens[b] += a + 1
+            r.drafter.accept([r.anchor] + drafts[:a], vtaps[b : b + 1, : a + 1] if vtaps is not None else None)
+            out.append((r, self._commit(r, pr, a, nxt, t_verified, len(live))))
+        self.lens.set(new_lens)
+        return out
+
+    def _propose(self, r: Row) -> _Proposal:
+        """Steps 1-2 of `generate_steps` for one row: its drafts and their verify length."""
+        n = min(r.limit, r.max_tokens - r.produced - 1)
+        td = time.perf_counter()
+        source, d, conf, drafter, policy = "drafter", None, None, r.drafter, r.policy
+        if policy is not None and n > 0:
+            lookup, match_n = drafter.lookup(r.anchor, n) if hasattr(drafter, "lookup") else ([], 0)
+            plan = policy.plan(n, len(lookup), has_drafter=not isinstance(drafter, NgramDrafter),
+                               lookup_source=f"lookup{match_n}")
+            source, n = plan.source, plan.n
+            if source.startswith("lookup"):
+                d = lookup_output(lookup[:n], r.sampling, self.target.info.vocab_size)
+        if d is None and source != "none" and n > 0:
+            d = drafter.draft(r.anchor, n, r.sampling, r.rng)
+        drafts = list(d.tokens[:n]) if d else []
+        t_drafted = time.perf_counter() - td
+        if d is not None and d.confidence is not None and drafts:
+            conf = d.confidence[: len(drafts)]
+            if r.p_min is not None:
+                drafts = drafts[: truncate_p_min(conf, r.p_min)]
+            if r.scheduler:
+                drafts = drafts[: choose_verify_length(conf[: len(drafts)], r.scheduler)]
+        if policy is not None and drafts:
+            drafts = drafts[: policy.truncate(source, len(drafts), conf, r.sampling.greedy)]
+        r.stats.draft_time += time.perf_counter() - td
+        return _Proposal(drafts, d, source, conf, t_drafted)
+
+    def _commit(self, r: Row, pr: _Proposal, a: int, nxt: int, t_verified: float, batch: int) -> list[int]:
+        """Step 5 of `generate_steps` for one row (its drafter was fed already)."""
+        drafts, s = pr.drafts, r.stats
+        s.verify_time += t_verified
+        s.target_forwards += 1
+        s.verify_lengths.append(len(drafts) + 1)
+        s.record(len(drafts), a)
+        if drafts:
+            tally = s.by_source.setdefault("lookup" if pr.source.startswith("lookup") else "drafter", [0, 0])
+            tally[0] += len(drafts)
+            tally[1] += a
+        if r.policy is not None:
+            # the row's share of the batched forward: what its verify length cost it
+            r.policy.observe_verify(len(drafts) + 1, t_verified / batch)
+            if pr.source != "none":
+                r.policy.observe(pr.source, len(drafts), a, pr.conf,
+                                 pr.t_drafted if pr.source == "drafter" else None)
+        committed = drafts[:a] + [nxt]
+        for i, t in enumerate(committed):  # stop right after an EOS
+            if t in r.eos_ids:
+                committed = committed[: i + 1]
+                break
+        committed = committed[: r.max_tokens - r.produced]
+        r.produced += len(committed)
+        s.generated = r.produced
+        s.gen_time = time.perf_counter() - r.t_gen
+        r.anchor = committed[-1]
+        if committed[-1] in r.eos_ids or r.produced >= r.max_tokens:
+            r.done = True
+        return committed
+
+
+def _pick(logits: mx.array, sp: SamplingParams, rng) -> int:
+    if sp.greedy:
+        return int(argmax_finite(logits).item())
+    p = probs_from_logits(logits[None], sp)
+    return sample_token(np.asarray(p[0]), rng)
+
+
+def _check(r: Row, n: int) -> None:
+    if n != r.length:
+        raise InvariantError(f"row's batch cache holds {n} positions, expected {r.length}")
+    ctx = getattr(r.drafter, "ctx_len", None)
+    if ctx is not None and ctx != n:
+        raise InvariantError(f"row's drafter context holds {ctx} rows, its batch cache {n}")

@@ -1,0 +1,156 @@
+"""The batched speculative step (mlxspec.engine.batch): every row's output equals what it
+produces alone.
+
+Greedy: the real SmolLM2-135M target with the shipped DSpark drafter (+ prompt lookup, the
+adaptive policy: mlxspec's defaults), chat prompts of different lengths joining and leaving
+a running batch (B moves through 1..4), token for token against `generate_steps` alone.
+Sampling: tiny random llamas whose exact output distribution is enumerated (the approach of
+tests/test_engine.py): seeded rows give their solo tokens, and many batched samples match the
+target's distribution while a wrong acceptance rule is caught.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlxspec import api
+from mlxspec.engine import batch as batch_mod
+from mlxspec.engine.batch import SpecBatch, check_batchable
+from mlxspec.engine.drafting import BlockDrafter
+from mlxspec.engine.loop import generate_steps
+from mlxspec.engine.verify import SamplingParams
+from mlxspec.errors import MlxspecError
+from mlxspec.tokenizer import apply_chat_template
+from test_engine import N_TOKENS, TINY_PROMPT, accept_everything, distribution_check, exact_distribution
+from test_engine import tiny  # noqa: F401 - the fixture
+from tiny_targets import tiny_target
+
+MAX = 14
+PROMPTS = ["Hi", "Write a haiku about the sea.", "def fibonacci(n):\n    # return the n-th Fibonacci number",
+           "List three prime numbers, then explain in two sentences why each of them is prime."]
+
+
+@pytest.fixture(scope="module")
+def default(smollm2):
+    target, tok = smollm2
+    spec = api.load_speculator(str(api.shipped_drafter()), target, ngram=True)
+    ids = [tok.encode(apply_chat_template(tok, [{"role": "user", "content": p}], add_generation_prompt=True),
+                      add_special_tokens=False) for p in PROMPTS]
+    return target, spec, api._eos_ids(tok), ids
+
+
+def solo(target, spec, eos, ids, max_tokens=MAX) -> list[int]:
+    d = spec.make_drafter(target)
+    return [t for s in generate_steps(target, ids, drafter=d, max_tokens=max_tokens, eos_ids=eos,
+                                      policy=api.make_policy(target, d, spec)) for t in s]
+
+
+def test_greedy_rows_joining_and_leaving_equal_their_solo_runs(default):
+    target, spec, eos, ids = default
+    limits = [MAX, MAX, 8, MAX]  # row 2 leaves early; rows join after 0, 0, 2 and 4 steps
+    refs = [solo(target, spec, eos, i, m) for i, m in zip(ids, limits)]
+    assert len({len(i) for i in ids}) == len(ids)  # ragged lengths
+    b = SpecBatch(target, taps=tuple(spec.make_drafter(target).taps))
+    out, sizes, steps = {}, [], 0
+
+    def join(k):
+        d = spec.make_drafter(target)
+        row, first = b.add(ids[k], drafter=d, max_tokens=limits[k], eos_ids=eos, policy=api.make_policy(target, d, spec),
+                           tag=k)
+        out[k] = list(first)
+
+    join(0)
+    join(1)
+    while len(b) or len(out) < 4:
+        if steps == 2 and 2 not in out:
+            join(2)
+        if steps == 4 and 3 not in out:
+            join(3)
+        sizes.append(len(b))
+        for row, committed in b.step():
+            out[row.tag] += committed
+        b.remove([r for r in b.rows if r.done])
+        steps += 1
+    assert [out[k] for k in range(4)] == refs
+    assert max(sizes) >= 3  # the rows really ran together
+
+
+def test_extracted_row_cache_continues_like_the_solo_cache(default):
+    """A row's cache taken out of the batch (the server's prompt cache keeps it) holds the same
+    positions a solo run's cache would: continuing from it gives the same tokens."""
+    target, spec, eos, ids = default
+    b = SpecBatch(target, taps=tuple(spec.make_drafter(target).taps))
+    rows = [b.add(i, drafter=spec.make_drafter(target), max_tokens=6, eos_ids=eos)[0] for i in ids[:2]]
+    toks = {id(r): [r.anchor] for r in rows}
+    while not all(r.done for r in rows):
+        for r, c in b.step():
+            toks[id(r)] += c
+    r = rows[1]
+    cache = b.extract(r)
+    held = ids[1] + toks[id(r)][:-1]
+    assert cache.length == len(held) == r.length
+    follow = ids[1] + toks[id(r)] + [13]
+    want = [t for s in generate_steps(target, follow, max_tokens=4, eos_ids=eos) for t in s]
+    got = [t for s in generate_steps(target, follow, max_tokens=4, eos_ids=eos, cache=cache) for t in s]
+    assert got == want
+
+
+def test_seeded_sampled_rows_equal_their_solo_runs(tiny):
+    """Fixed verify lengths: each row draws its own rng in the solo order, so its tokens are
+    the solo run's for the same seed."""
+    target, _, dspark = tiny
+    sp = SamplingParams(temperature=0.7, top_k=4)
+    prompts = [TINY_PROMPT, [4, 5], [1, 2, 3, 6, 0, 1], [2]]
+    for seed in range(3):
+        want = [[t for s in generate_steps(target, p, drafter=BlockDrafter(dspark, target), max_tokens=10,
+                                           sampling=sp, seed=seed * 10 + k) for t in s] for k, p in enumerate(prompts)]
+        b = SpecBatch(target, taps=(0,))
+        got = {}
+        for k, p in enumerate(prompts):
+            row, first = b.add(p, drafter=BlockDrafter(dspark, target), max_tokens=10, sampling=sp,
+                               seed=seed * 10 + k, tag=k)
+            got[k] = first
+        while len(b):
+            for row, c in b.step():
+                got[row.tag] = got[row.tag] + c
+            b.remove([r for r in b.rows if r.done])
+        assert [got[k] for k in range(4)] == want
+
+
+def sample_batched(target, dspark, sp, n, B=4) -> np.ndarray:
+    out = []
+    for start in range(0, n, B):
+        b = SpecBatch(target, taps=(0,), check_invariants=False)
+        got = {}
+        for seed in range(start, min(start + B, n)):
+            _, first = b.add(TINY_PROMPT, drafter=BlockDrafter(dspark, target), max_tokens=N_TOKENS, sampling=sp,
+                             seed=seed, tag=seed)
+            got[seed] = first
+        while len(b):
+            for row, c in b.step():
+                got[row.tag] = got[row.tag] + c
+            b.remove([r for r in b.rows if r.done])
+        out += [got[s] for s in sorted(got)]
+    return np.array(out)
+
+
+@pytest.mark.slow  # ~35 s on a busy 2-core machine; the seeded test above covers the same path quickly
+def test_batched_sampling_is_lossless_and_the_check_catches_a_wrong_rule(tiny, monkeypatch):
+    target, _, dspark = tiny
+    sp = SamplingParams(temperature=0.7, top_k=4)
+    exact = exact_distribution(target, TINY_PROMPT, sp, N_TOKENS)
+    res = distribution_check(sample_batched(target, dspark, sp, 1500), exact)
+    bad = {k: v for k, v in res.items() if v[0] > v[1]}
+    assert not bad, f"batched speculative sampling differs from the target's distribution: {bad}"
+    monkeypatch.setattr(batch_mod, "accept_sampled", accept_everything)
+    wrong = distribution_check(sample_batched(target, dspark, sp, 400), exact)
+    assert any(t > b for t, b in wrong.values()), f"the check missed a wrong acceptance rule: {wrong}"
+
+
+@pytest.mark.parametrize("arch, kind", [("gemma3", "RotatingKVCache"), ("qwen3_5", "ArraysCache")])
+def test_rotating_and_recurrent_targets_are_refused_in_one_line(arch, kind):
+    with pytest.raises(MlxspecError) as e:
+        check_batchable(tiny_target(arch))
+    msg = str(e.value)
+    assert "\n" not in msg and kind in msg and "one at a time" in msg
