@@ -249,8 +249,8 @@ def _build(sc: SpecConfig, draft: str | None, spec_type: str, target: Target, lo
                 f"--block-size {block_size} is longer than the drafter's trained block ({cfg.block_size}); "
                 f"use --block-size {cfg.block_size} or less"
             )
-        if block_size < (1 if cfg.sample_from_anchor else 2):
-            raise MlxspecError(f"--block-size {block_size} leaves no draft rows; use 2 or more")
+        if block_size < cfg.layout.min_block:
+            raise MlxspecError(f"--block-size {block_size} leaves no draft rows; use {cfg.layout.min_block} or more")
     if (p_min is not None or schedule) and not cfg.confidence_head:
         say(f"mlxspec: warning: {Path(draft).name} has no confidence head; "
             "--p-min / --schedule are ignored (full blocks are verified)", log, logging.WARNING)

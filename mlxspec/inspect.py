@@ -272,7 +272,7 @@ def _drafter_view(path: str, lines: list[str], problems: list[str]) -> None:
     except MlxspecError as e:
         problems.append(str(e))
         return
-    layout = "anchor-first" if cfg.sample_from_anchor else "bonus-anchor"
+    layout = cfg.layout.name
     markov = f"{cfg.markov_head_type}, rank {cfg.markov_rank}" if cfg.markov_rank else "none"
     lines.append(f"  role: drafter ({cfg.lineage}), format {cfg.source_format}")
     lines.append(f"  layout: {layout} (sample_from_anchor={'true' if cfg.sample_from_anchor else 'false'}): "

@@ -10,11 +10,41 @@ Block layout: the block is [anchor, MASK, ..., MASK] at positions p..p+B-1 (p = 
 anchor's position).
 - anchor-first (True): row k predicts position p+k+1 -> B drafts.
 - bonus-anchor (False): row 0 predicts nothing; row j predicts p+j -> B-1 drafts.
+`Layout` is that arithmetic, in one place (`DrafterConfig.layout`).
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a block's drafts sit: rows first_row..B-1 are the predicting rows, and row
+    first_row + i predicts position p + 1 + i (p = the anchor's position)."""
+
+    anchor_first: bool  # sample_from_anchor
+    block_size: int
+
+    @property
+    def first_row(self) -> int:
+        return 0 if self.anchor_first else 1
+
+    @property
+    def n_drafts(self) -> int:
+        return self.block_size - self.first_row
+
+    @property
+    def min_block(self) -> int:
+        """The shortest block that still drafts one token."""
+        return self.first_row + 1
+
+    @property
+    def name(self) -> str:
+        return "anchor-first" if self.anchor_first else "bonus-anchor"
+
+    def with_block(self, block_size: int) -> "Layout":
+        return Layout(self.anchor_first, block_size)
 
 
 @dataclass(frozen=True)
@@ -79,5 +109,9 @@ class DrafterConfig(DrafterSpec):
     layout_reason: str = ""  # why the layout is what it is
 
     @property
+    def layout(self) -> Layout:
+        return Layout(self.sample_from_anchor, self.block_size)
+
+    @property
     def n_drafts(self) -> int:
-        return self.block_size if self.sample_from_anchor else self.block_size - 1
+        return self.layout.n_drafts

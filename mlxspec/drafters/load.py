@@ -20,7 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxspec.drafters.common import OPTIONAL_ZERO, RawDrafter, expected_shapes
-from mlxspec.drafters.config import DrafterConfig
+from mlxspec.drafters.config import DrafterConfig, Layout
 from mlxspec.drafters.formats import FORMATS, read_drafter
 from mlxspec.drafters.build import make_model
 from mlxspec.drafters.model import DFlashModel
@@ -91,7 +91,7 @@ def resolve_layout(fmt: str, lineage: str, file_value: bool | None, key: str = "
 
 
 def _layout_name(sample_from_anchor: bool) -> str:
-    return "anchor-first" if sample_from_anchor else "bonus-anchor"
+    return Layout(sample_from_anchor, 1).name
 
 
 def mismatch_warning(path: str, cfg: DrafterConfig, requested: str) -> str | None:
@@ -191,7 +191,7 @@ def check_drafter(raw: RawDrafter, cfg: DrafterConfig) -> None:
     each value where it enters): block size, distinct taps, positive rope base and eps,
     head counts, finite weights, reduced-vocabulary ids inside the vocabulary."""
     path = raw.path
-    lo = 1 if cfg.sample_from_anchor else 2
+    lo = cfg.layout.min_block
     if not lo <= cfg.block_size <= MAX_BLOCK:
         raise MlxspecError(f"{path}: block_size {cfg.block_size} is outside [{lo}, {MAX_BLOCK}] for this layout; "
                            "the drafter config is corrupt")

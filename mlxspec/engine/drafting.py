@@ -22,6 +22,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxspec import kernels
+from mlxspec.drafters.config import Layout
 from mlxspec.drafters.dflash2 import top_candidates
 from mlxspec.drafters.model import DFlashModel
 from mlxspec.engine.verify import SamplingParams, probs_from_logits, sample_token
@@ -87,9 +88,9 @@ class BlockDrafter:
         self.name = c.lineage
         self.taps = tuple(c.target_layer_ids)
         self.block_size = block_size or c.block_size
-        layout = c.sample_from_anchor if force_sample_from_anchor is None else force_sample_from_anchor
-        self.max_drafts = self.block_size if layout else self.block_size - 1
-        self.first_row = 0 if layout else 1
+        anchor_first = c.sample_from_anchor if force_sample_from_anchor is None else force_sample_from_anchor
+        self.layout = Layout(anchor_first, self.block_size)
+        self.max_drafts, self.first_row = self.layout.n_drafts, self.layout.first_row
         # Draft vocabulary -> target ids (EAGLE-3 offsets), and the head over it.
         if c.draft_vocab_size:
             self.d2t = mx.arange(c.draft_vocab_size, dtype=mx.int32) + model.d2t.astype(mx.int32)

@@ -14,19 +14,20 @@ the body names).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 import mlx.core as mx
 
+from mlxspec import device
+
 BODY_MARKER = "// ---- kernel body ----"
 _ROOT = Path(__file__).resolve().parent.parent
 SOURCE_DIRS = {"metal": _ROOT / "metal", "cuda": _ROOT / "cuda"}
 SOURCE_SUFFIX = {"metal": ".metal", "cuda": ".cu"}
 
-ENV_VAR = "MLXSPEC_KERNELS"
+ENV_VAR = device.KERNELS_ENV
 _forced: str | None = None
 
 
@@ -73,19 +74,12 @@ def backend() -> str:
     Metal on an Apple GPU, CUDA when MLX runs on CUDA, otherwise the reference. Forced to the
     reference by use_reference() or by the environment variable MLXSPEC_KERNELS=reference.
     Custom kernels run only on the GPU: with a CPU default device the reference is used."""
-    env = os.environ.get(ENV_VAR, "auto").strip().lower()
-    if env not in ("auto", "reference", ""):
-        raise ValueError(f"{ENV_VAR}={env!r}: expected 'auto' or 'reference'")
-    if _forced == "reference" or env == "reference":
+    dev = device.current()  # MLXSPEC_KERNELS is checked there
+    if _forced == "reference" or dev.reference_kernels:
         return "reference"
     if mx.default_device() != mx.gpu:
         return "reference"
-    if mx.metal.is_available():
-        return "metal"
-    cuda = getattr(mx, "cuda", None)
-    if cuda is not None and cuda.is_available():
-        return "cuda"
-    return "reference"
+    return dev.gpu or "reference"
 
 
 @lru_cache(maxsize=None)

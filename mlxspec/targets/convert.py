@@ -40,15 +40,7 @@ def convert_to_mlx(model_path: str | None, out: str, dtype: str = "keep", force:
     if Path(src).is_dir():
         raise MlxspecError(f"{src}: already a model directory; convert takes a .gguf file")
     # mlx_lm reads MLX affine layers only: never keep native low-bit GGUF blocks here
-    saved = os.environ.get("MLXSPEC_NATIVE_LOWBIT")
-    os.environ["MLXSPEC_NATIVE_LOWBIT"] = "0"
-    try:
-        target, tok = load_target(src, dense=False)
-    finally:
-        if saved is None:
-            os.environ.pop("MLXSPEC_NATIVE_LOWBIT", None)
-        else:
-            os.environ["MLXSPEC_NATIVE_LOWBIT"] = saved
+    target, tok = load_target(src, dense=False, native_lowbit=False)
     model = target.model
     cfg = dict(target.config)
     if dtype in ("float32", "float16", "bfloat16"):

@@ -25,7 +25,6 @@ Tensor types:
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 
@@ -33,7 +32,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from mlxspec import kernels
+from mlxspec import device, kernels
 from mlxspec import validate as V
 from mlxspec.errors import MlxspecError
 from mlxspec.gguf import decode
@@ -285,7 +284,7 @@ def load_gguf_weights(g: GGUFFile, cfg: dict, native: bool = False, dense: bool 
     return weights, quant, notes
 
 
-NATIVE_ENV = "MLXSPEC_NATIVE_LOWBIT"
+NATIVE_ENV = device.NATIVE_LOWBIT_ENV
 
 
 def _kernel_backend() -> str:
@@ -299,7 +298,7 @@ def native_lowbit_enabled(override: bool | None = None) -> bool:
     reference (a repack per call), so the load-time repack is used instead."""
     if override is not None:
         return bool(override)
-    if os.environ.get(NATIVE_ENV, "").strip().lower() in ("0", "false", "no", "off"):
+    if device.current().native_lowbit is False:
         return False
     return _kernel_backend() in ("metal", "cuda")
 

@@ -8,6 +8,7 @@ import mlx.core as mx
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_model
 
+from mlxspec import device
 from mlxspec import validate as V
 from mlxspec.cache import PACKAGED_MODELS, default_model_path, packaged_model_path
 from mlxspec.errors import MlxspecError
@@ -20,14 +21,7 @@ from mlxspec.tokenizer import load_gguf_tokenizer, load_hf_tokenizer
 
 def default_dense() -> bool:
     """Dense float32 compute on the CPU backend (see `dequantize_model` for why)."""
-    return not (mx.metal.is_available() or _cuda_available())
-
-
-def _cuda_available() -> bool:
-    try:
-        return bool(mx.cuda.is_available())
-    except AttributeError:
-        return False
+    return device.current().dense
 
 
 def resolve_model_path(path: str | None) -> str:
@@ -45,10 +39,12 @@ def resolve_model_path(path: str | None) -> str:
     return resolve(str(path), "model")
 
 
-def load_target(path: str | None = None, dense: bool | None = None) -> tuple[Target, TokenizerWrapper]:
+def load_target(path: str | None = None, dense: bool | None = None,
+                native_lowbit: bool | None = None) -> tuple[Target, TokenizerWrapper]:
     """-> (Target, mlx-lm TokenizerWrapper). `path` None -> the default SmolLM2-135M-Instruct GGUF.
 
     dense: None = float32 dense on CPU, keep quantized on Metal/CUDA.
+    native_lowbit: a GGUF's low-bit weights as native blocks (`load_gguf_target`; None = automatic).
     """
     path = resolve_model_path(path)
     if dense is None:
@@ -59,7 +55,7 @@ def load_target(path: str | None = None, dense: bool | None = None) -> tuple[Tar
     if p.is_dir():
         model, config, tok, notes = _load_dir(p)
     else:
-        model, config, g, notes = load_gguf_target(str(p), dense=dense)
+        model, config, g, notes = load_gguf_target(str(p), native_lowbit=native_lowbit, dense=dense)
         tok = load_gguf_tokenizer(g.metadata)
     if dense:
         dequantize_model(model, mx.float32)

@@ -86,10 +86,10 @@ def block_logits(model: DFlashModel, frozen: dict, b: dict):
     emb = frozen["embed"][b["block_tok"]]  # [S, K, B, H]
     if c.lineage == "dflash2":
         h = block_hidden_dflash2(model, b["taps"], emb, b["pos"], b["anchors"])
-        h = h[:, :, (0 if c.sample_from_anchor else 1):]
+        h = h[:, :, c.layout.first_row:]
         return model.scale_logits(h @ frozen["head"].T), h, None
     h = block_hidden(model, b["taps"], emb, b["pos"], b["anchors"])
-    h = h[:, :, (0 if c.sample_from_anchor else 1):]  # predicting rows [S, K, n, H]
+    h = h[:, :, c.layout.first_row:]  # predicting rows [S, K, n, H]
     logits = h @ frozen["head"].T  # [S, K, n, Vd]
     state = None
     if c.markov_rank:

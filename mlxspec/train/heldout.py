@@ -51,13 +51,12 @@ def _accepted_lengths(model, frozen, tokens: np.ndarray, taps: mx.array, lo: int
     tokens end at `end` (drafts past it are never counted as accepted)."""
     c = model.config
     B = c.block_size
-    first = 0 if c.sample_from_anchor else 1
     anchors = np.arange(lo, hi)
     L = len(tokens)
     pos = anchors[:, None] + np.arange(B)
     block = np.full((len(anchors), B), c.mask_token_id, np.int32)
     block[:, 0] = tokens[anchors]
-    q = anchors[:, None] + np.arange(first, B) + (1 if c.sample_from_anchor else 0)  # predicted positions
+    q = anchors[:, None] + 1 + np.arange(c.layout.n_drafts)  # predicted positions of the predicting rows
     truth = np.where(q < end, tokens[np.minimum(q, L - 1)], -1)
     prev = tokens[np.minimum(q - 1, L - 1)]
     b = {"taps": taps[None], "block_tok": mx.array(block[None]), "pos": mx.array(pos[None].astype(np.int32)),
@@ -76,7 +75,7 @@ def heldout_tau(model, frozen: dict, store: str | Path, categories=CATEGORIES) -
     from mlxspec.train.data import taps_from_store
 
     c = model.config
-    n_drafts = c.block_size - (0 if c.sample_from_anchor else 1)
+    n_drafts = c.layout.n_drafts
     res = {}
     for cat in categories:
         z = np.load(Path(store) / f"{cat}.npz")

@@ -32,7 +32,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from tqdm import tqdm
 
-from mlxspec.drafters.config import DrafterConfig
+from mlxspec.drafters.config import DrafterConfig, Layout
 from mlxspec.drafters.build import make_model
 from mlxspec.drafters.model import DFlashModel
 from mlxspec.errors import MlxspecError
@@ -169,7 +169,7 @@ class Batcher:
 
     def __call__(self):
         tc, L, B, K, S = self.tc, self.L, self.B, self.K, self.tc.seqs_per_step
-        first = 0 if tc.sample_from_anchor else 1
+        layout = Layout(tc.sample_from_anchor, B)
         which = self.rng.choice(len(self.stores), S, p=self.p)
         rows = []
         for si in which:
@@ -201,8 +201,7 @@ class Batcher:
         block_tok = np.full((S, K, B), tc.mask_token_id, np.int32)
         block_tok[:, :, 0] = np.take_along_axis(toks, anchors, 1)
         # predicted positions q for predicting rows; label distribution comes from q-1
-        prow = j[first:]
-        q = anchors[:, :, None] + prow + (1 if tc.sample_from_anchor else 0)  # [S,K,n]
+        q = anchors[:, :, None] + 1 + np.arange(layout.n_drafts)  # [S,K,n]: predicted positions
         src = q - 1
         win = np.arange(S)[:, None, None]
         topk_ids = np.stack([s["topk_ids"][i] for s, i, _, _ in rows])
@@ -212,7 +211,7 @@ class Batcher:
         else:
             lab_t = topk_ids[win, src, 0]
         # Markov teacher forcing: the token before q (the anchor at q-1 == a, else the label there)
-        n_pred = len(prow)
+        n_pred = layout.n_drafts
         prev_t = np.where(src == anchors[:, :, None], toks[win, anchors[:, :, None].repeat(n_pred, 2)],
                           np.concatenate([lab_t[:, :, :1], lab_t[:, :, :-1]], axis=2))
         tk_ids = self.t2d[topk_ids[win, src]]  # [S,K,n,TOPK] draft ids (-1 = not in vocab)
