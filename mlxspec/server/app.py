@@ -541,7 +541,9 @@ def cmd_serve(a) -> int:
     import uvicorn
 
     check_blas()
+    max_batch = getattr(a, "max_batch", None)
     for name, v, lo in (("--port", a.port, 0), ("--max-queue", a.max_queue, 1), ("--max-tokens-limit", a.max_tokens_limit, 1),
+                        ("--max-batch", 1 if max_batch is None else max_batch, 1),
                         ("--max-body-bytes", a.max_body_bytes, 1), ("--prompt-cache-bytes", a.prompt_cache_bytes, 0)):
         if v < lo:
             raise MlxspecError(f"{name} {v} is out of range: use {lo} or more")
@@ -550,7 +552,7 @@ def cmd_serve(a) -> int:
     if not a.timeout > 0:
         raise MlxspecError(f"--timeout {a.timeout} must be positive")
     load_kw = dict(model=a.model, config=spec_config(a))
-    worker = Worker(load_kw, a.prompt_cache_bytes, a.max_queue)
+    worker = Worker(load_kw, a.prompt_cache_bytes, a.max_queue, max_batch=max_batch)
     worker.start()  # loads on the generation thread; MlxspecError -> one line, exit 2
     src = worker.target.info.source or a.model or "SmolLM2-135M-Instruct"
     # as mlx_lm.server: a hub id is served under its repo id, not its snapshot's commit hash
@@ -573,7 +575,8 @@ def cmd_serve(a) -> int:
             super().handle_exit(sig, frame)
 
     srv = _Server(cfg)
-    print(f"mlxspec serve: {model_id} ({worker.spec.description}) on http://{a.host}:{a.port}/v1"
+    batch = f", batches of up to {worker.max_batch}" if worker.batch is not None else ""
+    print(f"mlxspec serve: {model_id} ({worker.spec.description}{batch}) on http://{a.host}:{a.port}/v1"
           f"{' (API key required)' if a.api_key else ''}", file=sys.stderr, flush=True)
     try:
         srv.run()

@@ -19,6 +19,9 @@ def add_serve_args(p):
     p.add_argument("--prompt-cache-bytes", type=_size, default=_size("1G"),
                    help="memory for cached prompt prefixes (KV cache + drafter context), LRU; 0 disables (default 1G)")
     p.add_argument("--max-queue", type=int, default=16, help="requests waiting or running before 429 (default 16)")
+    p.add_argument("--max-batch", type=int, default=None,
+                   help="requests generated together, speculating in one batched verify per step (continuous "
+                        "batching; default 8 on 2+ cores); 1 runs one request at a time")
     p.add_argument("--timeout", type=float, default=600.0, help="per-request time limit in seconds (default 600)")
     p.add_argument("--max-body-bytes", type=_size, default=_size("4M"), help="largest request body (default 4M)")
     p.add_argument("--max-tokens-limit", type=int, default=8192, help="largest max_tokens a request may ask (default 8192)")

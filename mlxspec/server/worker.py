@@ -1,8 +1,13 @@
-"""The generation thread: one model, one generation at a time, a bounded FIFO in front.
+"""The generation thread: one model, a running batch of generations, a bounded FIFO in front.
 
-HTTP handlers (asyncio) submit `Job`s; the thread runs them in arrival order through
-`api.stream_generate` with the server's drafter and the prompt cache, and posts events
-back into the job's event loop:
+HTTP handlers (asyncio) submit `Job`s. With `max_batch` > 1 (continuous batching) the thread
+runs up to `max_batch` of them together in one `engine.batch.SpecBatch`: a job joins at a step
+boundary (its prompt prefilled alone, through the prompt cache), every step drafts for each
+job with its own drafter and verifies all of them in one target forward, and a job leaves as
+soon as it is finished, cancelled or past its deadline. With `max_batch` 1, or a target the
+batch cannot hold (sliding-window or recurrent layers: one line says so at start), jobs run
+one at a time in arrival order through `api.stream_generate`, as before. Either way the
+thread posts events back into the job's event loop:
 
     ("text", str)                      text committed by one step (a token group)
     ("done", finish_reason, usage)     the end; usage as in the OpenAI response
@@ -15,6 +20,8 @@ All MLX work (loading included) happens on this thread.
 from __future__ import annotations
 
 import asyncio
+import collections
+import os
 import queue
 import sys
 import threading
@@ -22,10 +29,24 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
+import mlx.core as mx
+
 from mlxspec import api
+from mlxspec.engine.batch import SpecBatch, check_batchable
+from mlxspec.engine.verify import SamplingParams
+from mlxspec.errors import MlxspecError
 from mlxspec.server.prompt_cache import ContextDrafter, PromptCache
+from mlxspec.validate import check_prompt_ids, check_sampling_args
 
 TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+RATE_WINDOW = 10.0  # seconds of committed tokens behind the aggregate tok/s gauge
+
+
+def default_max_batch() -> int:
+    """Sequences per batch when --max-batch is not given: on a CPU a verify of B x L rows stays
+    cheaper than B verifies of L rows up to roughly a few dozen rows per core pair; 8 x the
+    adaptive policy's typical 2..6 tokens fits that on 2+ cores (measured: docs/bench/serve_load.json)."""
+    return 8 if (os.cpu_count() or 1) >= 2 else 4
 
 
 @dataclass
@@ -65,6 +86,25 @@ class Metrics:
         self.cancelled = self.timeouts = 0
         self.ttft = [0] * (len(TTFT_BUCKETS) + 1)
         self.ttft_sum, self.ttft_count = 0.0, 0
+        self.batch_size, self.max_batch, self.batch_steps = 0, 1, 0
+        self.recent: collections.deque = collections.deque()  # (time, tokens committed) of the last RATE_WINDOW s
+        self.started = time.perf_counter()
+
+    def committed(self, n: int):
+        """Tokens committed to some request (a step's, or a first token): the aggregate rate."""
+        now = time.perf_counter()
+        with self.lock:
+            self.recent.append((now, n))
+            while self.recent and self.recent[0][0] < now - RATE_WINDOW:
+                self.recent.popleft()
+
+    def tokens_per_second(self) -> float:
+        now = time.perf_counter()
+        with self.lock:
+            while self.recent and self.recent[0][0] < now - RATE_WINDOW:
+                self.recent.popleft()
+            n = sum(k for _, k in self.recent)
+        return n / min(RATE_WINDOW, max(now - self.started, 1e-9))
 
     def request(self, route: str, status: int):
         with self.lock:
@@ -91,6 +131,7 @@ class Metrics:
 
     def render(self, queue_depth: int, cache: PromptCache | None) -> str:
         out = []
+        tps = self.tokens_per_second()
 
         def metric(name, kind, help_, samples):
             out.append(f"# HELP {name} {help_}")
@@ -116,6 +157,13 @@ class Metrics:
                    [("", self.cancelled)])
             metric("mlxspec_timeouts_total", "counter", "Requests past their timeout.", [("", self.timeouts)])
             metric("mlxspec_queue_depth", "gauge", "Requests waiting or running.", [("", queue_depth)])
+            metric("mlxspec_batch_size", "gauge", "Requests in the running batch now.", [("", self.batch_size)])
+            metric("mlxspec_max_batch", "gauge", "Most requests run together (--max-batch; 1: one at a time).",
+                   [("", self.max_batch)])
+            metric("mlxspec_batch_steps_total", "counter", "Batched speculative steps (one target verify each).",
+                   [("", self.batch_steps)])
+            metric("mlxspec_generation_tokens_per_second", "gauge",
+                   f"Tokens generated per second over all requests, over the last {RATE_WINDOW:g} s.", [("", tps)])
             if cache is not None:
                 metric("mlxspec_prompt_cache_bytes", "gauge", "Bytes held by the prompt cache.", [("", cache.nbytes)])
                 metric("mlxspec_prompt_cache_entries", "gauge", "Prompt cache entries.", [("", len(cache))])
@@ -132,20 +180,81 @@ class Metrics:
         return "\n".join(out) + "\n"
 
 
+class TextStream:
+    """One request's committed tokens -> the text to send, as `api.stream_generate` makes it
+    (detokenizer, EOS and max_tokens, stop strings with the tail that may start one held
+    back), pushed a step's tokens at a time instead of pulled from the engine."""
+
+    def __init__(self, tokenizer, eos: set, max_tokens: int, stop: list[str]):
+        self.detok = tokenizer.detokenizer
+        self.detok.reset()
+        self.eos, self.max_tokens = eos, max_tokens
+        self.stop = [x for x in stop if x]
+        self.text_so_far, self.sent, self.emitted = "", 0, 0
+        self.tokens: list[int] = []
+        self.finish: str | None = None
+
+    def feed(self, committed: list[int]) -> str:
+        """The text of one step's tokens (stops at the first finish; `finish` tells why)."""
+        out = ""
+        for tok in committed:
+            self.emitted += 1
+            self.tokens.append(tok)
+            finish = "stop" if tok in self.eos else ("length" if self.emitted >= self.max_tokens else None)
+            if tok not in self.eos:
+                self.detok.add_token(tok)
+            if finish:
+                self.detok.finalize()
+            seg = self.detok.last_segment
+            if self.stop:
+                self.text_so_far += seg
+                hit = min((self.text_so_far.find(x) for x in self.stop if x in self.text_so_far), default=-1)
+                if hit >= 0:
+                    finish, end = "stop", hit
+                elif finish:
+                    end = len(self.text_so_far)
+                else:
+                    end = len(self.text_so_far) - max(
+                        (k for x in self.stop for k in range(1, len(x)) if self.text_so_far.endswith(x[:k])), default=0)
+                seg = self.text_so_far[self.sent:end]
+                self.sent += len(seg)
+            out += seg
+            if finish:
+                self.finish = finish
+                break
+        return out
+
+
+@dataclass(eq=False)
+class _Live:
+    """A job in the running batch."""
+
+    job: Job
+    row: object  # engine.batch.Row
+    drafter: ContextDrafter
+    text: TextStream
+    n_cached: int
+    spec: api.Speculator
+    pooled: object  # the drafter borrowed from the pool (returned when the job leaves), or None
+
+
 class Worker:
-    def __init__(self, load_kwargs: dict, prompt_cache_bytes: int, max_queue: int, log=sys.stderr):
+    def __init__(self, load_kwargs: dict, prompt_cache_bytes: int, max_queue: int, log=sys.stderr,
+                 max_batch: int | None = None):
         self.load_kwargs = load_kwargs
         self.max_queue = max_queue
+        self.max_batch = default_max_batch() if max_batch is None else max_batch
         self.log = log
         self.cache = PromptCache(prompt_cache_bytes) if prompt_cache_bytes > 0 else None
         self.metrics = Metrics()
         self.jobs: queue.Queue = queue.Queue()
         self.lock = threading.Lock()
         self.pending = 0  # waiting + running
-        self.current: Job | None = None
+        self.running: list[Job] = []
         self.ready = threading.Event()
         self.load_error: BaseException | None = None
         self.stopping = False
+        self.batch: SpecBatch | None = None
         self.thread = threading.Thread(target=self._run, name="mlxspec-generate", daemon=True)
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -157,12 +266,11 @@ class Worker:
             raise self.load_error
 
     def cancel_all(self):
-        """Shutdown: refuse new jobs, cancel the running one and everything queued; each
+        """Shutdown: refuse new jobs, cancel the running ones and everything queued; each
         gets a 503 error event (a stream ends with an error chunk and [DONE])."""
         self.stopping = True
         with self.lock:
-            cur = self.current
-        jobs = [cur] if cur is not None else []
+            jobs = list(self.running)
         while True:
             try:
                 j = self.jobs.get_nowait()
@@ -193,6 +301,12 @@ class Worker:
     def queue_depth(self) -> int:
         return self.pending
 
+    def _done(self, job: Job):
+        with self.lock:
+            if job in self.running:
+                self.running.remove(job)
+            self.pending -= 1
+
     # -- the thread ----------------------------------------------------------------------
     def _run(self):
         try:
@@ -201,49 +315,103 @@ class Worker:
             self.drafter = self.spec.make_drafter(self.target)
             self.need_taps = bool(tuple(self.drafter.taps))
             self.eos = api._eos_ids(self.tokenizer)
+            if self.max_batch > 1:
+                try:
+                    check_batchable(self.target)
+                    self.batch = SpecBatch(self.target, taps=tuple(self.drafter.taps))
+                except MlxspecError as e:
+                    print(f"mlxspec serve: --max-batch {self.max_batch}: {e}", file=self.log, flush=True)
+            self.metrics.max_batch = self.max_batch if self.batch is not None else 1
+            self.pool = [self.drafter]  # free drafters (their state is reset by `begin`)
             self._warm_up()
         except BaseException as e:  # noqa: BLE001 - reported by start()
             self.load_error = e
             self.ready.set()
             return
         self.ready.set()
+        if self.batch is not None:
+            self._run_batched()
+            return
         while True:
             job = self.jobs.get()
             if job is None:
                 return
             with self.lock:
-                self.current = job
+                self.running.append(job)
             try:
                 self._serve(job)
             except BaseException as e:  # noqa: BLE001 - the thread must survive any job
                 print(f"mlxspec serve: internal error in a generation:\n{traceback.format_exc()}", file=self.log)
                 job.post("error", 500, "internal_error", f"internal error during generation ({type(e).__name__})")
             finally:
-                with self.lock:
-                    self.current = None
-                    self.pending -= 1
+                self._done(job)
 
     def _warm_up(self):
         """One tiny generation so the first request does not pay MLX's first-call costs."""
         ids = self.tokenizer.encode("Hello", add_special_tokens=False) or [0]
         for _ in self.api.stream_generate(self.target, self.tokenizer, ids, self.spec, max_tokens=2, drafter=self.drafter):
             pass
+        if self.batch is not None:  # and one batched step of two rows (the batch's own shapes)
+            second = self.spec.make_drafter(self.target)
+            for d in (self.drafter, second):
+                self.batch.add(ids, drafter=d, max_tokens=3)
+            self.batch.step()
+            self.batch.remove(list(self.batch.rows))
+            self.pool.append(second)
 
-    def _serve(self, job: Job):
+    def _check_expired(self, job: Job) -> bool:
+        """Before a job starts: True (and the job answered) when it was cancelled or timed out."""
         if job.cancelled.is_set():
             self.metrics.cancelled += 1
-            return
+            return True
         if time.perf_counter() > job.deadline:
             self.metrics.timeouts += 1
             job.post("error", 504, "timeout", "the request timed out while waiting in the queue")
-            return
+            return True
+        return False
+
+    def _start(self, job: Job):
+        """The job's drafter (wrapped for the prompt cache), its target cache and the cached count."""
         spec = self.spec if job.speculative else self.api.Speculator()
-        inner = self.drafter if job.speculative else spec.make_drafter(self.target)
+        if job.speculative:
+            inner = self.pool.pop() if self.pool else self.spec.make_drafter(self.target)
+        else:
+            inner = spec.make_drafter(self.target)
         need_taps = self.need_taps and job.speculative
         hit = self.cache.fetch(job.ids, need_taps) if (self.cache is not None and job.use_cache) else None
         n_cached = hit.n if hit else 0
         drafter = ContextDrafter(inner, job.ids[:n_cached], hit.taps if hit else None)
         cache = hit.cache if hit else self.target.make_cache()
+        return spec, inner, drafter, cache, n_cached
+
+    def _usage(self, job: Job, spec, n_cached: int, generated: int, s, tps: float) -> dict:
+        return {
+            "prompt_tokens": len(job.ids),
+            "completion_tokens": generated,
+            "total_tokens": len(job.ids) + generated,
+            "prompt_tokens_details": {"cached_tokens": n_cached},
+            "mlxspec": {
+                "speculative": spec.description if job.speculative else "autoregressive",
+                "drafted": s.drafted if s else 0,
+                "accepted": s.accepted if s else 0,
+                "acceptance_rate": s.acceptance_rate if s else 0.0,
+                "tau": s.tau if s else 1.0,
+                "target_forwards": s.target_forwards if s else 0,
+                "draft_time_s": s.draft_time if s else 0.0,
+                "verify_time_s": s.verify_time if s else 0.0,
+                "prompt_time_s": s.prompt_time if s else 0.0,
+                "generation_tps": tps,
+            },
+        }
+
+    # -- one at a time (--max-batch 1, or a target the batch cannot hold) -----------------
+    def _serve(self, job: Job):
+        if self._check_expired(job):
+            return
+        spec, inner, drafter, cache, n_cached = self._start(job)
+        if job.speculative:
+            self.pool.append(inner)
+        need_taps = self.need_taps and job.speculative
         text, last, first, ok, toks = "", None, True, False, []
         gen = self.api.stream_generate(self.target, self.tokenizer, job.ids, spec, max_tokens=job.max_tokens, temp=job.temp,
                                        top_p=job.top_p, top_k=job.top_k, seed=job.seed, stop=job.stop, drafter=drafter, cache=cache)
@@ -265,6 +433,7 @@ class Worker:
                 if text and (not r.from_draft or r.finish_reason):  # flush the step's token group
                     job.post("text", text)
                     text = ""
+                self.metrics.committed(1)
             ok = True
         finally:
             gen.close()
@@ -272,29 +441,152 @@ class Worker:
                 self.cache.store(drafter.tokens, cache, drafter.context_taps() if need_taps else None)
         if last is None or job.cancelled.is_set() or not last.finish_reason:
             return
-        s = last.stats
-        usage = {
-            "prompt_tokens": len(job.ids),
-            "completion_tokens": last.generation_tokens,
-            "total_tokens": len(job.ids) + last.generation_tokens,
-            "prompt_tokens_details": {"cached_tokens": n_cached},
-            "mlxspec": {
-                "speculative": spec.description if job.speculative else "autoregressive",
-                "drafted": s.drafted if s else 0,
-                "accepted": s.accepted if s else 0,
-                "acceptance_rate": s.acceptance_rate if s else 0.0,
-                "tau": s.tau if s else 1.0,
-                "target_forwards": s.target_forwards if s else 0,
-                "draft_time_s": s.draft_time if s else 0.0,
-                "verify_time_s": s.verify_time if s else 0.0,
-                "prompt_time_s": s.prompt_time if s else 0.0,
-                "generation_tps": last.generation_tps,
-            },
-        }
-        self.metrics.finished(usage, s if job.speculative else None)
+        usage = self._usage(job, spec, n_cached, last.generation_tokens, last.stats, last.generation_tps)
+        self.metrics.finished(usage, last.stats if job.speculative else None)
         if last.finish_reason == "stop" and job.stop and last.token not in self.eos:
             job.stop_sequence = _matched_stop(self.tokenizer.decode(toks), job.stop)
         job.post("done", last.finish_reason, usage)
+
+    # -- continuous batching --------------------------------------------------------------
+    def _run_batched(self):
+        live: dict[int, _Live] = {}  # id(row) -> the job's state
+        while True:
+            # 1. admit: wait for work when idle, else take what is queued, up to max_batch
+            while len(live) < self.max_batch:
+                try:
+                    job = self.jobs.get(block=not live)
+                except queue.Empty:
+                    break
+                if job is None:
+                    for lv in list(live.values()):
+                        self._leave(live, lv, store=False)
+                    return
+                with self.lock:
+                    self.running.append(job)
+                try:
+                    self._join(live, job)
+                except BaseException as e:  # noqa: BLE001 - the thread must survive any job
+                    self._fail(job, e)
+            self.metrics.batch_size = len(live)
+            if not live:
+                continue
+            # 2. one batched step over every job
+            try:
+                results = self.batch.step()
+            except BaseException as e:  # noqa: BLE001 - a failed step fails every job in it
+                for lv in list(live.values()):
+                    self._fail(lv.job, e)
+                    self._release(lv)
+                live.clear()
+                self.batch = SpecBatch(self.target, taps=self.batch.taps)
+                continue
+            self.metrics.batch_steps += 1
+            n = 0
+            for row, committed in results:
+                lv = live[id(row)]
+                text = lv.text.feed(committed)
+                n += len(committed)
+                if text:
+                    lv.job.post("text", text)
+                if lv.text.finish:
+                    row.done = True
+            self.metrics.committed(n)
+            # 3. leave: finished, cancelled, past the deadline
+            for lv in list(live.values()):
+                self._after_step(live, lv)
+            self.metrics.batch_size = len(live)
+
+    def _join(self, live: dict, job: Job):
+        if self._check_expired(job):
+            self._done(job)
+            return
+        try:
+            check_sampling_args(job.max_tokens, job.temp, job.top_p, job.top_k, job.seed)
+            ids = check_prompt_ids(job.ids, self.target.info.vocab_size,
+                                   self.target.config.get("max_position_embeddings"), job.max_tokens)
+        except MlxspecError as e:
+            job.post("error", 400, "invalid_request_error", str(e))
+            self._done(job)
+            return
+        spec, inner, drafter, cache, n_cached = self._start(job)
+        pooled = inner if job.speculative else None
+        sampling = SamplingParams(job.temp, job.top_p, job.top_k)
+        try:
+            sched = api.profile_for(self.target, drafter) if spec.schedule else None
+            policy = api.make_policy(self.target, drafter, spec, job.temp)
+            row, first = self.batch.add(ids, drafter=drafter, max_tokens=job.max_tokens, sampling=sampling, seed=job.seed,
+                                        eos_ids=self.eos, p_min=spec.p_min, scheduler=sched,
+                                        max_drafts=spec.num_draft_tokens, policy=policy, cache=cache, tag=job)
+        except BaseException:
+            if pooled is not None:
+                self.pool.append(pooled)
+            raise
+        self.metrics.first_token(time.perf_counter() - job.submitted)
+        self.metrics.committed(1)
+        lv = _Live(job, row, drafter, TextStream(self.tokenizer, self.eos, job.max_tokens, job.stop), n_cached, spec,
+                   pooled)
+        text = lv.text.feed(first)
+        if text:
+            job.post("text", text)
+        if lv.text.finish or row.done:
+            # done after its first token: it never joined the batch; its prefill cache is complete
+            self._finish(lv, cache)
+            return
+        live[id(row)] = lv
+
+    def _after_step(self, live: dict, lv: _Live):
+        job = lv.job
+        if job.cancelled.is_set():
+            self.metrics.cancelled += 1
+            self._leave(live, lv, store=True)
+            return
+        if lv.text.finish or lv.row.done:
+            self._leave(live, lv, store=False, finish=True)
+            return
+        if time.perf_counter() > job.deadline:
+            self.metrics.timeouts += 1
+            job.post("error", 504, "timeout", "the request timed out during generation")
+            self._leave(live, lv, store=True)
+
+    def _leave(self, live: dict, lv: _Live, store: bool, finish: bool = False):
+        row = lv.row
+        cache = self.batch.extract(row) if (store or finish) and self.cache is not None and lv.job.use_cache else None
+        self.batch.remove([row])
+        del live[id(row)]
+        if finish:
+            self._finish(lv, cache)
+            return
+        if cache is not None:
+            self._store(lv, cache)
+        self._release(lv)
+        self._done(lv.job)
+
+    def _store(self, lv: _Live, cache):
+        need_taps = self.need_taps and lv.job.speculative
+        self.cache.store(lv.drafter.tokens, cache, lv.drafter.context_taps() if need_taps else None)
+
+    def _finish(self, lv: _Live, cache):
+        """Answer a finished job (its usage, the stop string that ended it) and let it go."""
+        job, s = lv.job, lv.row.stats
+        if cache is not None and self.cache is not None and job.use_cache:
+            self._store(lv, cache)
+        self._release(lv)
+        usage = self._usage(job, lv.spec, lv.n_cached, lv.text.emitted, s, s.generation_tps)
+        self.metrics.finished(usage, s if job.speculative else None)
+        if lv.text.finish == "stop" and job.stop and lv.text.tokens[-1] not in self.eos:
+            job.stop_sequence = _matched_stop(self.tokenizer.decode(lv.text.tokens), job.stop)
+        job.post("done", lv.text.finish or "length", usage)
+        self._done(job)
+
+    def _release(self, lv: _Live):
+        if lv.pooled is not None:
+            self.pool.append(lv.pooled)
+            lv.pooled = None
+
+    def _fail(self, job: Job, e: BaseException):
+        print(f"mlxspec serve: internal error in a generation:\n{traceback.format_exc()}", file=self.log)
+        job.post("error", 500, "internal_error", f"internal error during generation ({type(e).__name__})")
+        self._done(job)
 
 
 def _matched_stop(full: str, stop: list[str]) -> str:
