@@ -3,6 +3,19 @@
 
     scripts/load_test.py --port 8080 --requests 16 --concurrency 4 --max-tokens 32
 
+Or the comparison (`--compare`): it starts each server itself on a free loopback port, one
+after another, and runs the same requests at every concurrency level against it:
+`mlxspec serve` (continuous batching, the default drafter on SmolLM2), `mlxspec serve
+--max-batch 1` (one request at a time, the server before batching) and `mlx_lm.server` on the
+same weights (dense float32, converted once with `mlxspec convert`; batched autoregressive
+decoding as mlx-lm runs it), then a bounded run of --bounded requests at the top concurrency
+against `mlxspec serve`. Per level: aggregate tok/s, per-request tok/s, p50/p95 TTFT, errors,
+and whether every greedy response equals that server's concurrency-1 response to the same
+prompt. Writes the JSON and a plot:
+
+    scripts/load_test.py --compare --levels 1,2,4,8 --requests 16 --max-tokens 32 \
+        --json docs/bench/serve_load.json --plot docs/bench/serve_load.png
+
 Sends N streaming chat requests, at most C at a time, and reports p50/p95 time to first
 token, p50/p95 total latency, aggregate generated tokens/s and the error count. Bounded in
 count (--requests) and time (--time-limit). With --multi-turn it also measures the time to
@@ -17,10 +30,14 @@ from __future__ import annotations
 import argparse
 import http.client
 import json
+import os
+import socket
 import statistics
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 PROMPTS = [
     "Write a Python function that reverses a string.",
@@ -82,6 +99,169 @@ def stream_chat(host, port, key, model, messages, max_tokens, extra=None, timeou
             "text": text, "cached": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)}
 
 
+def run_level(host, port, key, model, prompts, concurrency, max_tokens, time_limit, extra=None) -> tuple[dict, list]:
+    """len(prompts) streaming greedy requests, at most `concurrency` at a time -> (summary, per-request
+    results in prompt order; None where the request failed)."""
+    results, errors, lock = [None] * len(prompts), [], threading.Lock()
+    next_i = [0]
+    t_start = time.perf_counter()
+
+    def worker():
+        while True:
+            with lock:
+                i = next_i[0]
+                if i >= len(prompts) or time.perf_counter() - t_start > time_limit:
+                    return
+                next_i[0] += 1
+            try:
+                r = stream_chat(host, port, key, model, [{"role": "user", "content": prompts[i]}], max_tokens, extra,
+                                timeout=time_limit)
+                results[i] = r
+            except Exception as e:  # noqa: BLE001 - counted and reported
+                with lock:
+                    errors.append(repr(e))
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t_start
+    done = [r for r in results if r is not None]
+    toks = sum(r["tokens"] for r in done)
+    per = [r["tokens"] / (r["total"] - r["ttft"]) for r in done if r["tokens"] > 1 and r["total"] > r["ttft"]]
+    return {
+        "concurrency": concurrency, "requests": len(prompts), "completed": len(done),
+        "errors": len(errors) + (len(prompts) - len(done) - len(errors)), "error_samples": errors[:3],
+        "wall_s": wall, "generated_tokens": toks, "aggregate_tok_s": toks / wall if wall > 0 else 0.0,
+        "per_request_tok_s_p50": pct(per, 0.5),
+        "ttft_p50_s": pct([r["ttft"] for r in done], 0.5), "ttft_p95_s": pct([r["ttft"] for r in done], 0.95),
+        "latency_p50_s": pct([r["total"] for r in done], 0.5), "latency_p95_s": pct([r["total"] for r in done], 0.95),
+    }, results
+
+
+def _free_port() -> int:
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return sk.getsockname()[1]
+
+
+def _wait_up(proc, port, log_path, limit=600.0):
+    t0 = time.time()
+    while time.time() - t0 < limit:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}: {Path(log_path).read_text()[-1500:]}")
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            c.request("GET", "/v1/models")
+            r = c.getresponse()
+            body = r.read()
+            if r.status == 200:
+                return json.loads(body)["data"][0]["id"]
+        except (OSError, ValueError, KeyError, IndexError):
+            pass
+        time.sleep(1)
+    raise RuntimeError(f"server on port {port} did not come up within {limit:.0f} s")
+
+
+def _mlx_lm_dir(a) -> str:
+    """The packaged SmolLM2 as an MLX directory of dense float32 weights (what mlxspec runs on a CPU)."""
+    if a.mlx_lm_model:
+        return a.mlx_lm_model
+    out = Path(a.workdir) / "smollm2-135m-f32"
+    if not (out / "config.json").exists():
+        subprocess.run([sys.executable, "-m", "mlxspec.cli", "convert", "--dtype", "float32", "--out", str(out),
+                        "--force"], check=True)
+    return str(out)
+
+
+def compare(a) -> int:
+    levels = [int(x) for x in a.levels.split(",")]
+    prompts = [PROMPTS[i % len(PROMPTS)] + f" (request {i})" for i in range(a.requests)]
+    Path(a.workdir).mkdir(parents=True, exist_ok=True)
+    servers = [
+        ("mlxspec serve", [sys.executable, "-m", "mlxspec.cli", "serve"] + (["--max-batch", str(a.max_batch)] if a.max_batch else []),
+         levels),
+        ("mlxspec serve --max-batch 1", [sys.executable, "-m", "mlxspec.cli", "serve", "--max-batch", "1"],
+         [levels[0], levels[-1]]),
+        ("mlx_lm.server", [sys.executable, "-m", "mlx_lm.server", "--model", _mlx_lm_dir(a)], levels),
+    ]
+    if a.only:
+        servers = [s for s in servers if s[0] in a.only.split(",")]
+    out = {"max_tokens": a.max_tokens, "requests_per_level": a.requests, "levels": levels, "servers": {},
+           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_average_at_start": os.getloadavg()}
+    failed = False
+    for name, cmd, lv in servers:
+        port = _free_port()
+        log_path = Path(a.workdir) / f"{name.split()[0]}-{port}.log"
+        proc = subprocess.Popen(cmd + ["--port", str(port)], stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+        try:
+            model = _wait_up(proc, port, log_path)
+            stream_chat("127.0.0.1", port, None, model, [{"role": "user", "content": "Hello"}], 4)  # warm-up
+            rows, ref = [], None
+            for c in lv:
+                summary, res = run_level("127.0.0.1", port, None, model, prompts, c, a.max_tokens, a.time_limit)
+                texts = [r["text"] if r else None for r in res]
+                if ref is None:
+                    ref = texts
+                summary["equal_to_concurrency_1"] = sum(t is not None and t == r0 for t, r0 in zip(texts, ref))
+                rows.append(summary)
+                print(f"{name:28s} c={c}: {summary['aggregate_tok_s']:6.2f} tok/s aggregate, "
+                      f"{summary['per_request_tok_s_p50']:6.2f} per request, TTFT p50 {summary['ttft_p50_s']:.2f} s "
+                      f"p95 {summary['ttft_p95_s']:.2f} s, errors {summary['errors']}, "
+                      f"equal to c=1 {summary['equal_to_concurrency_1']}/{len(prompts)}", flush=True)
+            entry = {"command": " ".join(cmd[2:] if cmd[0] == sys.executable else cmd), "levels": rows}
+            if name == "mlxspec serve" and a.bounded:
+                big = [prompts[i % len(prompts)] for i in range(a.bounded)]
+                summary, res = run_level("127.0.0.1", port, None, model, big, levels[-1], a.max_tokens, a.time_limit)
+                summary["equal_to_concurrency_1"] = sum(
+                    r is not None and r["text"] == ref[i % len(prompts)] for i, r in enumerate(res))
+                entry["bounded"] = summary
+                print(f"{name:28s} bounded {a.bounded} requests at c={levels[-1]}: errors {summary['errors']}, "
+                      f"equal to c=1 {summary['equal_to_concurrency_1']}/{a.bounded}, "
+                      f"{summary['aggregate_tok_s']:.2f} tok/s", flush=True)
+                failed |= summary["errors"] > 0
+            out["servers"][name] = entry
+            failed |= any(r["errors"] for r in rows)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+    out["load_average_at_end"] = os.getloadavg()
+    if a.json:
+        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+    if a.plot:
+        plot(out, a.plot)
+    return 1 if failed else 0
+
+
+def plot(out: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, e in out["servers"].items():
+        cs = [r["concurrency"] for r in e["levels"]]
+        ax1.plot(cs, [r["aggregate_tok_s"] for r in e["levels"]], "o-", label=name)
+        ax2.plot(cs, [r["ttft_p50_s"] for r in e["levels"]], "o-", label=name)
+    for ax, yl in ((ax1, "aggregate tokens / s"), (ax2, "time to first token, p50 (s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(out["levels"], [str(c) for c in out["levels"]])
+        ax.set_xlabel("concurrent clients")
+        ax.set_ylabel(yl)
+        ax.grid(alpha=0.3)
+    ax1.legend(fontsize=8)
+    fig.suptitle(f"SmolLM2-135M, greedy, max_tokens {out['max_tokens']}, {out['requests_per_level']} requests per level")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--host", default="127.0.0.1")
@@ -94,7 +274,22 @@ def main(argv=None) -> int:
     ap.add_argument("--multi-turn", type=int, default=0, metavar="K",
                     help="also measure turn-2 TTFT with/without the prompt cache over K conversations")
     ap.add_argument("--json", default=None, help="write the results here too")
+    ap.add_argument("--compare", action="store_true",
+                    help="start mlxspec serve, mlxspec serve --max-batch 1 and mlx_lm.server in turn and compare them")
+    ap.add_argument("--levels", default="1,2,4,8", help="--compare: concurrency levels (default 1,2,4,8)")
+    ap.add_argument("--bounded", type=int, default=64,
+                    help="--compare: then this many requests at the top level against mlxspec serve (0: skip)")
+    ap.add_argument("--max-batch", type=int, default=None, help="--compare: mlxspec serve's --max-batch")
+    ap.add_argument("--mlx-lm-model", default=None, help="--compare: an MLX model directory for mlx_lm.server "
+                    "(default: the packaged SmolLM2 converted to float32 under --workdir)")
+    ap.add_argument("--workdir", default="/tmp/mlxspec-load", help="--compare: server logs and the converted model")
+    ap.add_argument("--only", default=None, help="--compare: comma-separated server names to run")
+    ap.add_argument("--plot", default=None, help="--compare: write a plot (PNG) here")
     a = ap.parse_args(argv)
+    if a.compare:
+        if not (1 <= a.requests <= 10_000 and 0 <= a.bounded <= 10_000):
+            ap.error("--requests must be 1..10000 and --bounded 0..10000")
+        return compare(a)
     if a.host not in ("127.0.0.1", "localhost", "::1"):
         ap.error("the load test only talks to a server on this machine (127.0.0.1 / localhost / ::1)")
     if not (1 <= a.requests <= 10_000 and 1 <= a.concurrency <= 256):

@@ -315,20 +315,27 @@ class SpecBatch:
         L = max(len(b) for b in blocks)
         tokens = mx.array([b + [b[-1]] * (L - len(b)) for b in blocks])
         tv = time.perf_counter()
-        vlogits, vtaps = self.target(tokens, self.layers, taps=self.taps, logits="all")
-        greedy_rows = [b for b, r in enumerate(self.rows) if not r.done and r.sampling.greedy]
-        sampled_rows = [b for b, r in enumerate(self.rows) if not r.done and not r.sampling.greedy]
-        am = p_all = None
-        if greedy_rows:
-            am = argmax_finite(vlogits[mx.array(greedy_rows)] if sampled_rows else vlogits)
-        if sampled_rows:
-            ps = [probs_from_logits(vlogits[b], self.rows[b].sampling) for b in sampled_rows]
+        # the forward to the final norm, then the LM head over the rows' real block rows only
+        # (the head is a fifth of SmolLM2's forward; padding rows would pay it for nothing)
+        h, vtaps = self.target._run(lambda: self.target.inner(tokens, cache=self.layers), tokens, self.layers,
+                                    self.taps, "hidden")
+        live_idx = [b for b, r in enumerate(self.rows) if not r.done]
+        starts, rows_idx = {}, []
+        for b in live_idx:
+            starts[b] = len(rows_idx)
+            rows_idx += range(b * L, b * L + len(blocks[b]))
+        flat = h.reshape(len(blocks) * L, h.shape[-1])
+        vlogits = self.target.lm_head(flat if len(rows_idx) == flat.shape[0] else flat[mx.array(rows_idx)])
+        am_of, p_of = {}, {}
+        if any(self.rows[b].sampling.greedy for b in live_idx):
+            am = argmax_finite(vlogits).tolist()
+            am_of = {b: am[starts[b] : starts[b] + len(blocks[b])] for b in live_idx if self.rows[b].sampling.greedy}
+        sampled = [b for b in live_idx if not self.rows[b].sampling.greedy]
+        if sampled:
+            ps = [probs_from_logits(vlogits[starts[b] : starts[b] + len(blocks[b])], self.rows[b].sampling)
+                  for b in sampled]
             mx.eval(ps)
-            p_all = dict(zip(sampled_rows, ps))
-        if am is not None:
-            mx.eval(am)
-            am_rows = am.tolist()
-            am_of = dict(zip(greedy_rows, am_rows)) if sampled_rows else dict(enumerate(am_rows))
+            p_of = dict(zip(sampled, ps))
         t_verified = time.perf_counter() - tv
         out, new_lens = [], list(self.lens.list)
         for b, r in enumerate(self.rows):
@@ -337,9 +344,9 @@ class SpecBatch:
             pr = props[id(r)]
             drafts = pr.drafts
             if r.sampling.greedy:
-                a, nxt = accept_greedy(drafts, am_of[b][: len(drafts) + 1])
+                a, nxt = accept_greedy(drafts, am_of[b])
             else:
-                p_np = np.asarray(p_all[b])
+                p_np = np.asarray(p_of[b])
                 if drafts:
                     a, nxt = accept_sampled(drafts, np.asarray(pr.d.probs[: len(drafts)]), p_np[: len(drafts) + 1], r.rng)
                 else:
