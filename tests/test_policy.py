@@ -11,8 +11,9 @@ import pytest
 from mlxspec.engine.drafting import BlockDrafter
 from mlxspec.engine.loop import SpecStats, generate_steps
 from mlxspec.engine.ngram import LookupBlockDrafter, NgramDrafter, NgramIndex
-from mlxspec.engine.policy import (AcceptanceEstimate, PolicyMemory, Calibration, VerifyPolicy, best_length, expected_tokens,
-                                 stopping_length)
+from mlxspec.engine.policy import (AcceptanceEstimate, Calibration, ConfidenceCut, ConfidenceSchedule, FixedLength, Kind,
+                                   Plan, PolicyMemory, Source, VerifyPolicy, best_length, choose_verify_length,
+                                   expected_tokens, stopping_length, truncate_p_min)
 from mlxspec.engine.verify import SamplingParams
 
 from test_engine import (N_TOKENS, PROMPT, TINY_PROMPT, V, Oracle, distribution_check, exact_distribution,
@@ -136,10 +137,50 @@ def test_policy_prefers_the_lookup_when_it_is_better_and_free():
     for _ in range(10):
         pol.observe("lookup", 4, 4)
         pol.observe("drafter", 4, 0, None, 0.5)
-    assert pol.plan(8, lookup_len=4).source == "lookup"
+    assert pol.plan(8, lookup_len=4).source == Source.LOOKUP
     # each n-gram match length keeps its own estimate: an unseen one starts at the prior
-    assert pol.plan(8, lookup_len=4, lookup_source="lookup3").source == "lookup3"
-    assert pol.plan(8, lookup_len=0).source in ("none", "drafter")
+    plan = pol.plan(8, lookup_len=4, match=3)
+    assert (plan.source, plan.source.kind, plan.source.match) == (Source.lookup(3), Kind.LOOKUP, 3)
+    assert pol.plan(8, lookup_len=4, lookup_source="lookup3").source == "lookup3"  # the older names
+    assert pol.plan(8, lookup_len=0).source in (Source.NONE, Source.DRAFTER)
+    assert pol.plan(8, lookup_len=4, match=3, model_drafts=False).source.is_lookup  # no drafter to weigh
+
+
+def test_source_carries_its_kind_and_match():
+    assert [str(s) for s in (Source.NONE, Source.DRAFTER, Source.LOOKUP, Source.lookup(3))] == [
+        "none", "drafter", "lookup", "lookup3"]
+    assert Source.of("lookup4") == Source.lookup(4) and Source.of("lookup4").match == 4
+    assert Source.of("drafter").kind is Kind.DRAFTER and not Source.DRAFTER.is_lookup
+    assert Source.lookup(2) != Source.lookup(3) and len({Source.lookup(2), Source.lookup(2), Source.LOOKUP}) == 2
+    import copy
+    import pickle
+
+    for s in (Source.lookup(3), Source.DRAFTER):
+        for c in (copy.deepcopy(s), pickle.loads(pickle.dumps(s))):
+            assert (c, c.kind, c.match) == (s, s.kind, s.match)
+
+
+def test_fixed_and_confidence_policies():
+    """FixedLength asks for the full block (or at most max_drafts); ConfidenceCut (--p-min) and
+    ConfidenceSchedule (--schedule) cut by confidences, outermost first, then hand the rest to
+    the policy inside; without confidences they cut nothing."""
+    assert FixedLength().plan(6) == Plan(Source.DRAFTER, 6)
+    assert FixedLength(2).plan(6) == Plan(Source.DRAFTER, 2) and FixedLength(2).plan(1).n == 1
+    conf = [0.9, 0.8, 0.4, 0.9]
+    assert FixedLength().truncate(Source.DRAFTER, 4, conf, True) == 4
+    assert ConfidenceCut(0.5, FixedLength()).truncate(Source.DRAFTER, 4, conf, True) == 2
+    assert ConfidenceCut(0.95, FixedLength()).truncate(Source.DRAFTER, 4, conf, True) == 0
+    assert ConfidenceCut(0.5, FixedLength()).truncate(Source.DRAFTER, 4, None, True) == 4
+    sps = {1: 10.0, 2: 9.5, 3: 9.0, 4: 8.0, 5: 7.0}
+    assert ConfidenceSchedule(sps, FixedLength()).truncate(Source.DRAFTER, 4, conf, True) == choose_verify_length(conf, sps)
+    both = ConfidenceCut(0.5, ConfidenceSchedule(sps, FixedLength()))
+    assert both.truncate(Source.DRAFTER, 4, conf, True) == choose_verify_length(conf[:truncate_p_min(conf, 0.5)], sps)
+    # the adaptive policy inside gets what is left, and is what plans and learns
+    pol = VerifyPolicy(FLAT, 8)
+    cut = ConfidenceCut(0.5, pol)
+    assert cut.plan(8, 3, 2, True) == pol.plan(8, 3, 2, True)
+    cut.observe(Source.DRAFTER, 2, 2, conf, 0.1, 0.02)
+    assert pol.estimate(Source.DRAFTER).tried[:2].tolist() == [1.0, 1.0] and pol.obs_w[2] == 1.0
 
 
 def test_policy_uses_confidences_under_greedy():

@@ -4,13 +4,18 @@ The decode loop (`mlxspec.engine.loop`) only sees this protocol:
 
     taps: tuple[int, ...]     # target layers whose outputs the drafter conditions on
     max_drafts: int           # most drafts one call can return
+    proposes_model_drafts     # draft() runs a model (False: its draft() is prompt lookup)
+    has_lookup                # lookup(anchor, n) -> (tokens, n-gram length) offers prompt lookup too
     begin(prompt_ids, prompt_taps)   after the target's prefill
     draft(anchor, n, sp, rng) -> DraftOutput
     accept(tokens, taps)      the committed rows (anchor + accepted drafts) and their taps
 
 Implementations: `BlockDrafter` (DFlash, DSpark and DFlash 2: one forward drafts the block,
 plus the Markov chain for DSpark and the path selector's chain for DFlash 2), `SimpleDrafter` (a classic small draft model), and
-`NoDrafter` (autoregressive).
+`NoDrafter` (autoregressive); `mlxspec.engine.ngram` adds prompt lookup (`NgramDrafter`, and
+`LookupBlockDrafter` beside a block drafter). The loop learns what a drafter proposes from the
+two declarations (`proposals`), never from its type, so a wrapper that forwards them (the
+server's `ContextDrafter`) is driven exactly like the drafter it wraps.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ class Drafter(Protocol):
     name: str
     taps: tuple
     max_drafts: int
+    proposes_model_drafts: bool  # optional, default True
+    has_lookup: bool  # optional, default False; True: lookup(anchor, n) -> (tokens, match length)
 
     def begin(self, prompt_ids: list[int], prompt_taps: mx.array | None) -> None: ...
 
@@ -50,10 +57,18 @@ class Drafter(Protocol):
     def accept(self, tokens: list[int], taps: mx.array | None) -> None: ...
 
 
+def proposals(drafter) -> tuple[bool, bool]:
+    """(model drafts, prompt lookup): what `drafter` declares it proposes; a drafter that
+    declares nothing proposes model drafts only."""
+    return bool(getattr(drafter, "proposes_model_drafts", True)), bool(getattr(drafter, "has_lookup", False))
+
+
 class NoDrafter:
     name = "none"
     taps: tuple = ()
     max_drafts = 0
+    proposes_model_drafts = False
+    has_lookup = False
 
     def begin(self, prompt_ids, prompt_taps):
         pass
@@ -71,6 +86,8 @@ class BlockDrafter:
     Invariant: the context covers target positions 0..ctx_len-1 and the anchor sits at
     position ctx_len (checked in `draft`).
     """
+
+    proposes_model_drafts, has_lookup = True, False
 
     def __init__(self, model: DFlashModel, target: Target, block_size: int | None = None, dtype=None,
                  force_sample_from_anchor: bool | None = None):
@@ -319,6 +336,7 @@ class SimpleDrafter:
 
     name = "simple"
     taps: tuple = ()
+    proposes_model_drafts, has_lookup = True, False
 
     def __init__(self, draft: Target, num_draft: int = 4):
         self.draft_model = draft

@@ -74,6 +74,7 @@ class NgramDrafter:
 
     name = "ngram"
     taps: tuple = ()
+    proposes_model_drafts, has_lookup = False, True  # draft() is the lookup itself
 
     def __init__(self, vocab_size: int, max_drafts: int = 8, n_min: int = 2, n_max: int = 4):
         self.vocab_size, self.max_drafts = vocab_size, max_drafts
@@ -99,6 +100,8 @@ class LookupBlockDrafter:
     `draft` is the block drafter's; `lookup` is the free n-gram proposal. Which one is
     verified is the policy's choice (`mlxspec.engine.policy`), made from this request's measured
     acceptance of each, before either is verified."""
+
+    proposes_model_drafts, has_lookup = True, True
 
     def __init__(self, block, vocab_size: int, n_min: int = 2, n_max: int = 4):
         self.block = block

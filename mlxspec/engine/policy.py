@@ -18,13 +18,21 @@ Lossless: every decision depends only on the history and on drafts, never on the
 answer to the block being verified. Under sampling, the length is chosen by a stopping rule
 (draft i is admitted using confidences of rows <= i only, which depend on drafts before i);
 under greedy decoding any function of the drafts is exact, so all confidences are used.
+
+Every way of choosing the length is one `LengthPolicy` (plan before drafting, truncate after,
+observe after verifying), and the loop (`mlxspec.engine.loop.generate_steps`) takes exactly one:
+`FixedLength` (the full block, or at most n drafts), `ConfidenceCut` (--p-min) and
+`ConfidenceSchedule` (--schedule) around another policy, and `VerifyPolicy` (adaptive, above).
+A step's drafts come from a `Source`: none (an autoregressive step), the model drafter, or
+prompt lookup, which carries the length of the n-gram that matched.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from typing import Sequence
+from enum import Enum
+from typing import Protocol, Sequence
 
 import numpy as np
 
@@ -126,15 +134,166 @@ class Calibration:
         return [min(1.0, max(0.0, float(c) * k)) for c in conf]
 
 
+class Kind(Enum):
+    NONE = "none"  # an autoregressive step: nothing drafted
+    DRAFTER = "drafter"  # the drafter's own draft() (a model; for --spec-type ngram, its lookup)
+    LOOKUP = "lookup"  # prompt lookup beside a model drafter
+
+
+class Source(str):
+    """Who proposes a step's drafts: a `Kind`, and for a lookup the length of the n-gram that
+    matched (`match`; 0 = any length, the pooled estimate). Its text is the name reports and
+    older callers use ("none", "drafter", "lookup", "lookup3"); decisions read kind and match."""
+
+    def __new__(cls, kind: Kind, match: int = 0):
+        self = super().__new__(cls, f"lookup{match}" if kind is Kind.LOOKUP and match else kind.value)
+        self.kind, self.match = kind, int(match) if kind is Kind.LOOKUP else 0
+        return self
+
+    def __reduce__(self):
+        return Source, (self.kind, self.match)
+
+    @classmethod
+    def lookup(cls, match: int = 0) -> "Source":
+        return cls(Kind.LOOKUP, match)
+
+    @classmethod
+    def of(cls, name: "str | Source") -> "Source":
+        """A Source from its name ("drafter", "lookup3", ...)."""
+        if isinstance(name, Source):
+            return name
+        if name.startswith("lookup"):
+            return cls(Kind.LOOKUP, int(name[len("lookup"):] or 0))
+        return cls(Kind(name))
+
+    @property
+    def is_lookup(self) -> bool:
+        return self.kind is Kind.LOOKUP
+
+
+Source.NONE, Source.DRAFTER, Source.LOOKUP = Source(Kind.NONE), Source(Kind.DRAFTER), Source(Kind.LOOKUP)
+
+
 @dataclass
 class Plan:
-    source: str  # "none" | "lookup<n>" (the n-gram match length) | "drafter"
+    source: Source
     n: int  # drafts to ask for (0 = autoregressive step)
     probe: bool = False
 
 
+class LengthPolicy(Protocol):
+    """How many drafts a step verifies, consulted by the loop at every step of one request.
+    Decisions depend only on the history and the drafts (never on the target's answer to the
+    block being verified), so every policy is lossless."""
+
+    def plan(self, n_cap: int, lookup_len: int = 0, match: int = 0, model_drafts: bool = True) -> Plan:
+        """Before drafting: the source and how many drafts to ask it for (at most n_cap).
+        lookup_len / match: prompt lookup's proposal this step (0: none) and its n-gram
+        length; model_drafts: whether the drafter's draft() is available."""
+
+    def truncate(self, source: Source, n: int, confidence: Sequence[float] | None, greedy: bool) -> int:
+        """After drafting: how many of the n drafts to verify."""
+
+    def observe(self, source: Source, verified: int, accepted: int, confidence: Sequence[float] | None = None,
+                draft_seconds: float | None = None, verify_seconds: float | None = None) -> None:
+        """After verifying: what the step drafted, verified and accepted, and what it cost
+        (verify_seconds: the verify forward over verified + 1 tokens; None: not measured)."""
+
+
+class FixedLength:
+    """The drafter's full proposal every step, or at most `max_drafts` (--num-draft-tokens)."""
+
+    def __init__(self, max_drafts: int | None = None):
+        self.max_drafts = max_drafts
+
+    def plan(self, n_cap: int, lookup_len: int = 0, match: int = 0, model_drafts: bool = True) -> Plan:
+        return Plan(Source.DRAFTER, n_cap if self.max_drafts is None else min(n_cap, self.max_drafts))
+
+    def truncate(self, source, n, confidence, greedy) -> int:
+        return n
+
+    def observe(self, source, verified, accepted, confidence=None, draft_seconds=None, verify_seconds=None) -> None:
+        pass
+
+
+class _Around:
+    """A policy that cuts drafts by their confidences before handing them to `inner`."""
+
+    def __init__(self, inner: LengthPolicy):
+        self.inner = inner
+
+    def cut(self, confidence: Sequence[float]) -> int:
+        raise NotImplementedError
+
+    def plan(self, n_cap: int, lookup_len: int = 0, match: int = 0, model_drafts: bool = True) -> Plan:
+        return self.inner.plan(n_cap, lookup_len, match, model_drafts)
+
+    def truncate(self, source, n, confidence, greedy) -> int:
+        if confidence is not None:
+            n = min(n, self.cut(confidence[:n]))
+            if n <= 0:
+                return 0
+        return self.inner.truncate(source, n, confidence, greedy)
+
+    def observe(self, source, verified, accepted, confidence=None, draft_seconds=None, verify_seconds=None) -> None:
+        self.inner.observe(source, verified, accepted, confidence, draft_seconds, verify_seconds)
+
+
+class ConfidenceCut(_Around):
+    """--p-min: cut the draft at the first position whose confidence is below p_min."""
+
+    def __init__(self, p_min: float, inner: LengthPolicy):
+        super().__init__(inner)
+        self.p_min = p_min
+
+    def cut(self, confidence):
+        return truncate_p_min(confidence, self.p_min)
+
+
+class ConfidenceSchedule(_Around):
+    """--schedule: the verify length from the confidences and the profiled verify speed
+    (`choose_verify_length`)."""
+
+    def __init__(self, sps: dict[int, float], inner: LengthPolicy):
+        super().__init__(inner)
+        self.sps = sps
+
+    def cut(self, confidence):
+        return choose_verify_length(confidence, self.sps)
+
+
+def choose_verify_length(confidence: list[float], sps: dict[int, float]) -> int:
+    """The confidence scheduler: how many drafts to verify.
+
+    Survival a_j = prod_{i<=j} c_i estimates P(first j drafts all accepted); verifying l
+    drafts yields (1 + sum_{j<=l} a_j) tokens per step at SPS(1 + l) steps/s. Admit drafts
+    in order and stop at the first non-improvement (the prefix rule keeps it lossless:
+    the choice depends only on drafts, never on the target's answer).
+    """
+    best_l, best = 0, sps.get(1, 1.0)
+    surv, expected = 1.0, 1.0
+    for l, c in enumerate(confidence, start=1):
+        if l + 1 not in sps:
+            break
+        surv *= c
+        expected += surv
+        val = expected * sps[l + 1]
+        if val <= best:
+            break
+        best_l, best = l, val
+    return best_l
+
+
+def truncate_p_min(confidence: list[float], p_min: float) -> int:
+    """Cut the draft at the first position whose confidence is below p_min."""
+    for i, c in enumerate(confidence):
+        if c < p_min:
+            return i
+    return len(confidence)
+
+
 class VerifyPolicy:
-    """The adaptive policy the engine consults every step (state per request)."""
+    """The adaptive `LengthPolicy` (module docstring; state per request)."""
 
     def __init__(self, verify_time: Sequence[float], max_drafts: int, probe_every: int = 4, max_probe_every: int = 64,
                  decay: float = 0.95, cost_decay: float = 0.97, cost_prior: float = 1.0, cost_probe_weight: float = 0.3):
@@ -148,13 +307,13 @@ class VerifyPolicy:
         self.obs_w = np.zeros(len(vt))
         self.max_drafts = min(max_drafts, len(self.verify_time) - 1)
         self.decay = decay
-        self.est: dict[str, AcceptanceEstimate] = {}
-        self.calib: dict[str, Calibration] = {}
-        self.draft_time: dict[str, float] = {}
+        self.est: dict[Source, AcceptanceEstimate] = {}
+        self.calib: dict[Source, Calibration] = {}
+        self.draft_time: dict[Source, float] = {}
         # exploration, per source: steps since it was last verified, and the current interval
         self.probe_base, self.max_probe_every = probe_every, max_probe_every
-        self.interval: dict[str, int] = {}
-        self.waited: dict[str, int] = {}
+        self.interval: dict[Source, int] = {}
+        self.waited: dict[Source, int] = {}
         self.last_probe = False
 
     @property
@@ -201,43 +360,50 @@ class VerifyPolicy:
         vt = [1.0 / sps[L] for L in lengths if L <= max_drafts + 1]
         return cls(vt, max_drafts, **kw)
 
-    def estimate(self, source: str) -> AcceptanceEstimate:
+    def estimate(self, source: str | Source) -> AcceptanceEstimate:
         """The running estimate of a source. Lookups keep one per n-gram match length
-        ("lookup3": a 4-gram match is far more reliable than a 2-gram one on code, not on
-        chat), each shrunk towards the pooled "lookup" estimate while it has little data."""
+        (a 4-gram match is far more reliable than a 2-gram one on code, not on chat), each
+        shrunk towards the pooled lookup estimate (match 0) while it has little data."""
+        source = Source.of(source)
         if source not in self.est:
-            if source.startswith("lookup"):
+            if source.is_lookup:
                 self.est[source] = AcceptanceEstimate(self.max_drafts, decay=self.decay, prior_mean=0.5,
                                                       continuation_prior=0.8)
             else:
                 self.est[source] = AcceptanceEstimate(self.max_drafts, decay=self.decay)
         e = self.est[source]
-        if source.startswith("lookup") and source != "lookup":
-            e.prior_mean = float(self.estimate("lookup").p()[0])
+        if source.is_lookup and source.match:
+            e.prior_mean = float(self.estimate(Source.LOOKUP).p()[0])
         return e
 
-    def probe_interval(self, source: str) -> int:
+    def probe_interval(self, source: Source) -> int:
         return self.interval.get(source, self.probe_base)
 
-    def plan(self, n_cap: int, lookup_len: int = 0, has_drafter: bool = True, lookup_source: str = "lookup") -> Plan:
+    def plan(self, n_cap: int, lookup_len: int = 0, match: int = 0, model_drafts: bool = True, *,
+             has_drafter: bool | None = None, lookup_source: str | None = None) -> Plan:
         """Before drafting: autoregressive, the free lookup proposal, or the drafter.
 
-        lookup_source names the lookup's estimate: its acceptance depends on the length of
-        the n-gram that matched, so each match length keeps its own ("lookup3", ...). A
-        source that keeps losing is still verified now and then (a probe, spaced out further
-        after each failed one) so that its estimate can recover."""
+        match: the length of the n-gram the lookup matched; each match length keeps its own
+        estimate. A source that keeps losing is still verified now and then (a probe, spaced
+        out further after each failed one) so that its estimate can recover.
+        has_drafter / lookup_source: the older names of model_drafts / match (engine.batch)."""
+        if has_drafter is not None:
+            model_drafts = has_drafter
+        if lookup_source is not None:
+            match = Source.of(lookup_source).match
         n_cap = min(n_cap, self.max_drafts)
         if n_cap <= 0:
-            return Plan("none", 0)
+            return Plan(Source.NONE, 0)
         options = []  # (rate, plan) for every source available this step
         if lookup_len > 0:
-            l, r = best_length(self.estimate(lookup_source).p(), self.verify_time, 0.0, min(lookup_len, n_cap))
-            options.append((r if l > 0 else 0.0, Plan(lookup_source, l), min(lookup_len, n_cap)))
-        if has_drafter:
-            dt = self.draft_time.get("drafter", 0.0)
-            l, r = best_length(self.estimate("drafter").p(), self.verify_time, dt, n_cap)
-            options.append((r if l > 0 else 0.0, Plan("drafter", n_cap), n_cap))
-        best, best_rate = Plan("none", 0), 1.0 / self.verify_time[0]
+            src = Source.lookup(match)
+            l, r = best_length(self.estimate(src).p(), self.verify_time, 0.0, min(lookup_len, n_cap))
+            options.append((r if l > 0 else 0.0, Plan(src, l), min(lookup_len, n_cap)))
+        if model_drafts:
+            dt = self.draft_time.get(Source.DRAFTER, 0.0)
+            l, r = best_length(self.estimate(Source.DRAFTER).p(), self.verify_time, dt, n_cap)
+            options.append((r if l > 0 else 0.0, Plan(Source.DRAFTER, n_cap), n_cap))
+        best, best_rate = Plan(Source.NONE, 0), 1.0 / self.verify_time[0]
         for r, plan, _ in options:
             if r > best_rate:
                 best, best_rate = plan, r
@@ -246,18 +412,19 @@ class VerifyPolicy:
                 self.waited[plan.source] = 0
                 continue
             self.waited[plan.source] = self.waited.get(plan.source, 0) + 1
-            if best.source == "none" and self.waited[plan.source] >= self.probe_interval(plan.source):
+            if best.source.kind is Kind.NONE and self.waited[plan.source] >= self.probe_interval(plan.source):
                 best = Plan(plan.source, full, probe=True)
                 self.waited[plan.source] = 0
         self.last_probe = best.probe
         return best
 
-    def truncate(self, source: str, n: int, confidence: Sequence[float] | None, greedy: bool) -> int:
+    def truncate(self, source: str | Source, n: int, confidence: Sequence[float] | None, greedy: bool) -> int:
         """After drafting: how many of the n drafts to verify (a probe verifies at least one;
         a lookup probe all of them: its drafts cost nothing and longer ones teach more)."""
+        source = Source.of(source)
         if n <= 0:
             return 0
-        if self.last_probe and source != "drafter":
+        if self.last_probe and source.kind is not Kind.DRAFTER:
             return n
         prior = list(self.estimate(source).p()[:n])
         dt = 0.0  # the draft is already paid for
@@ -271,20 +438,28 @@ class VerifyPolicy:
             return max(l, 1)
         return self.cost_probe(l) if greedy else l
 
-    def observe(self, source: str, verified: int, accepted: int, confidence: Sequence[float] | None = None,
-                draft_seconds: float | None = None) -> None:
+    def observe(self, source: str | Source, verified: int, accepted: int, confidence: Sequence[float] | None = None,
+                draft_seconds: float | None = None, verify_seconds: float | None = None) -> None:
+        """After verifying (`LengthPolicy.observe`): the verify cost when measured, then the
+        source's acceptance (nothing for an autoregressive step)."""
+        source = Source.of(source)
+        if verify_seconds is not None:
+            self.observe_verify(verified + 1, verify_seconds)
+        if source.kind is Kind.NONE:
+            return
         if verified > 0:
             self.estimate(source).observe(verified, accepted)
-            if source.startswith("lookup") and source != "lookup":
-                self.estimate("lookup").observe(verified, accepted)  # the pooled estimate
+            if source.is_lookup and source.match:
+                self.estimate(Source.LOOKUP).observe(verified, accepted)  # the pooled estimate
             if confidence is not None:
                 self.calib.setdefault(source, Calibration()).observe(confidence, verified, accepted)
-        if draft_seconds is not None and source == "drafter":
-            old = self.draft_time.get("drafter")
-            self.draft_time["drafter"] = draft_seconds if old is None else 0.8 * old + 0.2 * draft_seconds
+        drafter = source.kind is Kind.DRAFTER
+        if draft_seconds is not None and drafter:
+            old = self.draft_time.get(Source.DRAFTER)
+            self.draft_time[Source.DRAFTER] = draft_seconds if old is None else 0.8 * old + 0.2 * draft_seconds
         if self.last_probe:
             # back to frequent probes only once the estimate says this source pays again
-            dt = self.draft_time.get("drafter", 0.0) if source == "drafter" else 0.0
+            dt = self.draft_time.get(Source.DRAFTER, 0.0) if drafter else 0.0
             pays = best_length(self.estimate(source).p(), self.verify_time, dt, self.max_drafts)[0] > 0
             cur = self.probe_interval(source)
             self.interval[source] = self.probe_base if pays else min(2 * cur, self.max_probe_every)
