@@ -44,9 +44,9 @@ import mlx.core as mx
 import numpy as np
 
 from mlxspec.engine.drafting import Drafter, NoDrafter
-from mlxspec.engine.loop import InvariantError, SpecStats, choose_verify_length, truncate_p_min
-from mlxspec.engine.ngram import NgramDrafter, lookup_output
-from mlxspec.engine.policy import VerifyPolicy
+from mlxspec.engine.loop import InvariantError, SpecStats
+from mlxspec.engine.policy import LengthPolicy, compose
+from mlxspec.engine.step import Proposal, propose, record
 from mlxspec.engine.verify import (
     SamplingParams,
     accept_greedy,
@@ -168,9 +168,7 @@ class Row:
     eos_ids: frozenset
     max_tokens: int
     limit: int  # most drafts per step
-    p_min: float | None = None
-    scheduler: dict | None = None
-    policy: VerifyPolicy | None = None
+    policy: LengthPolicy | None = None
     stats: SpecStats = field(default_factory=SpecStats)
     tag: object = None  # the caller's (the server's job)
     anchor: int = -1
@@ -182,15 +180,6 @@ class Row:
     def length(self) -> int:
         """Target positions this row's cache holds (prompt + generated - 1)."""
         return len(self.prompt_ids) + self.produced - 1
-
-
-@dataclass
-class _Proposal:
-    drafts: list
-    d: object  # DraftOutput or None
-    source: str
-    conf: list | None
-    t_drafted: float
 
 
 class SpecBatch:
@@ -224,7 +213,7 @@ class SpecBatch:
         p_min: float | None = None,
         scheduler: dict[int, float] | None = None,
         max_drafts: int | None = None,
-        policy: VerifyPolicy | None = None,
+        policy: LengthPolicy | None = None,
         cache: list | None = None,
         tag=None,
     ) -> tuple[Row, list[int]]:
@@ -245,7 +234,7 @@ class SpecBatch:
                              "prompt tokens must remain to prefill")
         limit = drafter.max_drafts if max_drafts is None else min(max_drafts, drafter.max_drafts)
         row = Row(list(prompt_ids), drafter, sampling, np.random.default_rng(seed), frozenset(eos_ids), max_tokens,
-                  limit, p_min, scheduler, policy, tag=tag)
+                  limit, compose(policy, p_min=p_min, schedule=scheduler, max_drafts=max_drafts), tag=tag)
         t0 = time.perf_counter()
         taps = tuple(drafter.taps)
         logits, ptaps = self.target(mx.array([prompt_ids[n_cached:]]), cache, taps=taps, logits="last")
@@ -357,50 +346,20 @@ class SpecBatch:
         self.lens.set(new_lens)
         return out
 
-    def _propose(self, r: Row) -> _Proposal:
-        """Steps 1-2 of `generate_steps` for one row: its drafts and their verify length."""
-        n = min(r.limit, r.max_tokens - r.produced - 1)
+    def _propose(self, r: Row) -> Proposal:
+        """Steps 1-2 of `generate_steps` for one row (`engine.step.propose`)."""
         td = time.perf_counter()
-        source, d, conf, drafter, policy = "drafter", None, None, r.drafter, r.policy
-        if policy is not None and n > 0:
-            lookup, match_n = drafter.lookup(r.anchor, n) if hasattr(drafter, "lookup") else ([], 0)
-            plan = policy.plan(n, len(lookup), has_drafter=not isinstance(drafter, NgramDrafter),
-                               lookup_source=f"lookup{match_n}")
-            source, n = plan.source, plan.n
-            if source.startswith("lookup"):
-                d = lookup_output(lookup[:n], r.sampling, self.target.info.vocab_size)
-        if d is None and source != "none" and n > 0:
-            d = drafter.draft(r.anchor, n, r.sampling, r.rng)
-        drafts = list(d.tokens[:n]) if d else []
-        t_drafted = time.perf_counter() - td
-        if d is not None and d.confidence is not None and drafts:
-            conf = d.confidence[: len(drafts)]
-            if r.p_min is not None:
-                drafts = drafts[: truncate_p_min(conf, r.p_min)]
-            if r.scheduler:
-                drafts = drafts[: choose_verify_length(conf[: len(drafts)], r.scheduler)]
-        if policy is not None and drafts:
-            drafts = drafts[: policy.truncate(source, len(drafts), conf, r.sampling.greedy)]
+        pr = propose(r.drafter, r.policy, r.anchor, min(r.limit, r.max_tokens - r.produced - 1), r.sampling, r.rng,
+                     self.target.info.vocab_size)
         r.stats.draft_time += time.perf_counter() - td
-        return _Proposal(drafts, d, source, conf, t_drafted)
+        return pr
 
-    def _commit(self, r: Row, pr: _Proposal, a: int, nxt: int, t_verified: float, batch: int) -> list[int]:
+    def _commit(self, r: Row, pr: Proposal, a: int, nxt: int, t_verified: float, batch: int) -> list[int]:
         """Step 5 of `generate_steps` for one row (its drafter was fed already)."""
         drafts, s = pr.drafts, r.stats
         s.verify_time += t_verified
-        s.target_forwards += 1
-        s.verify_lengths.append(len(drafts) + 1)
-        s.record(len(drafts), a)
-        if drafts:
-            tally = s.by_source.setdefault("lookup" if pr.source.startswith("lookup") else "drafter", [0, 0])
-            tally[0] += len(drafts)
-            tally[1] += a
-        if r.policy is not None:
-            # the row's share of the batched forward: what its verify length cost it
-            r.policy.observe_verify(len(drafts) + 1, t_verified / batch)
-            if pr.source != "none":
-                r.policy.observe(pr.source, len(drafts), a, pr.conf,
-                                 pr.t_drafted if pr.source == "drafter" else None)
+        # the row's share of the batched forward: what its verify length cost it
+        record(s, r.policy, pr, a, t_verified / batch)
         committed = drafts[:a] + [nxt]
         for i, t in enumerate(committed):  # stop right after an EOS
             if t in r.eos_ids:

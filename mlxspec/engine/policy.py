@@ -262,6 +262,18 @@ class ConfidenceSchedule(_Around):
         return choose_verify_length(confidence, self.sps)
 
 
+def compose(policy: LengthPolicy | None = None, *, p_min: float | None = None, schedule: dict[int, float] | None = None,
+            max_drafts: int | None = None) -> LengthPolicy:
+    """One policy from the knobs: `policy` (default: FixedLength(max_drafts)), inside the
+    confidence schedule (`schedule`: verify steps/second per length) inside the p_min cut."""
+    out = policy if policy is not None else FixedLength(max_drafts)
+    if schedule:
+        out = ConfidenceSchedule(schedule, out)
+    if p_min is not None:
+        out = ConfidenceCut(p_min, out)
+    return out
+
+
 def choose_verify_length(confidence: list[float], sps: dict[int, float]) -> int:
     """The confidence scheduler: how many drafts to verify.
 
