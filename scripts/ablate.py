@@ -24,10 +24,10 @@ from pathlib import Path
 
 # name -> changes against the baseline (TrainConfig fields; "data": "corpus" = corpus store only)
 CONFIGS = {
-    "baseline: every anchor, lr 6e-4, block 8, corpus + regen, answer-only": {},
+    "baseline: every anchor, block 8, corpus + regen, answer-only": {},
     "16 anchors per window": {"anchors_per_seq": 16},
     "64 anchors per window": {"anchors_per_seq": 64},
-    "lr 1e-3": {"lr": 1e-3},
+    "alternative lr (--lr-alt)": {"lr": "alt"},
     "block 4": {"block_size": 4},
     "corpus only": {"data": "corpus"},
     "prompt positions supervised too": {"response_only": False},
@@ -45,6 +45,9 @@ def main():
     ap.add_argument("--rows", type=int, default=400_000, help="drafter rows per configuration (equal compute)")
     ap.add_argument("--seqs", type=int, default=4, help="windows per step")
     ap.add_argument("--init-from", default=None, help="start every configuration from this drafter")
+    ap.add_argument("--lr", type=float, default=6e-4, help="the baseline's peak lr (6e-4 from scratch, as the references)")
+    ap.add_argument("--warmup", type=int, default=10, help="warm-up steps (a continuation needs few)")
+    ap.add_argument("--lr-alt", type=float, default=1e-3, help="the lr of the 'alternative lr' row")
     ap.add_argument("--only", default=None, help="comma-separated config indices to run")
     a = ap.parse_args()
 
@@ -64,12 +67,16 @@ def main():
     names = list(CONFIGS)
     pick = [names[int(i)] for i in a.only.split(",")] if a.only else names
     for name in pick:
-        key = f"{name} | rows={a.rows} init={a.init_from}"
+        ch = dict(CONFIGS[name])
+        if ch.get("lr") == "alt":
+            ch["lr"] = a.lr_alt
+        label = name.replace("(--lr-alt)", f"{a.lr_alt:g} (baseline {a.lr:g})")
+        key = f"{label} | rows={a.rows} init={a.init_from}" + ("" if a.lr == 6e-4 else f" lr={a.lr:g}")
         if key in results:
             continue
-        ch = dict(CONFIGS[name])
+        changes = dict(ch)
         data = a.corpus_only if ch.pop("data", None) == "corpus" else mix
-        base = TrainConfig(taps=taps, lr=6e-4, warmup=10, seqs_per_step=a.seqs, anchors_per_seq=0,
+        base = TrainConfig(taps=taps, lr=a.lr, warmup=a.warmup, seqs_per_step=a.seqs, anchors_per_seq=0,
                            checkpoint_every=10**9, init_from=a.init_from)
         tc = replace(base, **ch)
         K = tc.anchors_per_seq or L - tc.block_size - 2
@@ -80,12 +87,12 @@ def main():
         secs = time.time() - t0
         ho = heldout_tau(model, frozen_for(target, model), heldout)
         h = [x for x in info["history"] if "supervised_blocks" in x and "loss" in x][-1]
-        results[key] = {"config": name, "changes": CONFIGS[name], "steps": tc.steps, "rows": a.rows,
+        results[key] = {"config": label, "changes": changes, "baseline_lr": a.lr, "steps": tc.steps, "rows": a.rows,
                         "supervised_blocks": h["supervised_blocks"], "train_seconds": secs,
                         "final_train_acc": h.get("acc"), "init_from": a.init_from,
                         **{c: ho[c] for c in ho}}
         res_path.write_text(json.dumps(results, indent=1))
-        print(f"{name}: " + ", ".join(f"{c} tau {ho[c]['tau']:.3f} row1 {ho[c]['per_position_acceptance'][0]:.3f}"
+        print(f"{label}: " + ", ".join(f"{c} tau {ho[c]['tau']:.3f} row1 {ho[c]['per_position_acceptance'][0]:.3f}"
                                         for c in ho), flush=True)
     print("\n| configuration | steps | supervised blocks | code tau (row 1) | prose tau (row 1) | chat tau (row 1) |")
     print("|---|---|---|---|---|---|")
