@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import sys
 
+from mlxspec import device
+
 CANDIDATES = (
     "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
     "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0",
@@ -24,7 +26,7 @@ CANDIDATES = (
 
 
 def find_openblas() -> str | None:
-    env = os.environ.get("MLXSPEC_OPENBLAS")
+    env = device.openblas_path()
     if env and os.path.exists(env):
         return env
     return next((p for p in CANDIDATES if os.path.exists(p)), None)
@@ -43,9 +45,7 @@ def blas_status() -> tuple[bool, str]:
     if not sys.platform.startswith("linux"):
         return True, ""
     try:
-        import mlx.core as mx
-
-        if mx.metal.is_available() or getattr(mx, "cuda", None) and mx.cuda.is_available():
+        if device.current().gpu:
             return True, ""
     except Exception:
         pass
@@ -61,7 +61,7 @@ def blas_status() -> tuple[bool, str]:
 
 def reexec_with_openblas(argv: list[str]) -> None:
     """Replace this process by the same command with OpenBLAS preloaded (Linux only)."""
-    if not sys.platform.startswith("linux") or os.environ.get("MLXSPEC_NO_BLAS_REEXEC"):
+    if not sys.platform.startswith("linux") or device.blas_reexec_disabled():
         return
     if openblas_loaded() or "mlx" in sys.modules:
         return
@@ -70,7 +70,7 @@ def reexec_with_openblas(argv: list[str]) -> None:
         return
     env = dict(os.environ)
     env["LD_PRELOAD"] = (lib + " " + env["LD_PRELOAD"]).strip() if env.get("LD_PRELOAD") else lib
-    env["MLXSPEC_NO_BLAS_REEXEC"] = "1"  # never loop
+    env[device.NO_REEXEC_ENV] = "1"  # never loop
     os.execve(sys.executable, [sys.executable, "-m", "mlxspec", *argv], env)
 
 
