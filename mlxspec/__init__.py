@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name):  # lazy: `import mlxspec` stays cheap (the CLI re-execs before mlx loads)
-    if name in ("load", "generate", "stream_generate", "load_speculator", "GenerationResponse", "Speculator"):
+    if name in ("load", "generate", "stream_generate", "load_speculator", "GenerationResponse", "Speculator", "SpecConfig"):
         from mlxspec import api
 
         return getattr(api, name)
