@@ -40,6 +40,54 @@ def openblas_loaded() -> bool:
         return False
 
 
+def set_blas_threads(n: int) -> bool:
+    """openblas_set_num_threads(n) on the preloaded OpenBLAS (ctypes: the same handle the
+    process already uses). -> False when OpenBLAS is not loaded (nothing to set)."""
+    lib = _openblas()
+    if lib is None:
+        return False
+    lib.openblas_set_num_threads(int(n))
+    return True
+
+
+def park_blas_threads() -> bool:
+    """End OpenBLAS's worker threads now; its next threaded call starts them again (as after
+    fork). An idle worker spins for ~2^28 cycles after each call (OPENBLAS_THREAD_TIMEOUT,
+    read once at load), so a process about to sleep parks them to leave the cores to another
+    process on the host. Call it only while no BLAS call runs. -> False when unavailable."""
+    lib = _openblas()
+    if lib is None or not hasattr(lib, "blas_thread_shutdown_"):
+        return False
+    lib.blas_thread_shutdown_()
+    return True
+
+
+_LIB: list = []
+
+
+def _openblas():
+    if not _LIB:
+        lib, path = None, _loaded_openblas_path()
+        if path:  # the mapped file itself: a CDLL of another copy would be a second library
+            try:
+                import ctypes
+
+                lib = ctypes.CDLL(path)
+                lib.openblas_set_num_threads  # noqa: B018 - an OpenBLAS, not another BLAS
+            except (OSError, AttributeError):
+                lib = None
+        _LIB.append(lib)
+    return _LIB[0]
+
+
+def _loaded_openblas_path() -> str | None:
+    try:
+        with open("/proc/self/maps") as f:
+            return next((ln.split()[-1] for ln in f if "libopenblas" in ln and "/" in ln), None)
+    except OSError:
+        return None
+
+
 def blas_status() -> tuple[bool, str]:
     """(fast, message). Always fast off Linux (Accelerate / Metal / CUDA)."""
     if not sys.platform.startswith("linux"):

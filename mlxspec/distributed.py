@@ -43,6 +43,7 @@ import zlib
 from dataclasses import dataclass, field
 
 import mlx.core as mx
+import numpy as np
 from mlx_lm.models.base import create_attention_mask
 
 from mlxspec import api
@@ -53,6 +54,7 @@ from mlxspec.args import (
     prompt_ids,
     read_prompt,
 )
+from mlxspec.blas import park_blas_threads, set_blas_threads
 from mlxspec.errors import MlxspecError
 from mlxspec.targets.load import load_target
 from mlxspec.targets.model import Target, cache_length, trim_cache
@@ -113,18 +115,22 @@ class Watchdog:
                 self._deadline = None
 
 
-# ----------------------------------------------------------------------------- doorbells
-class Doorbells:
-    """Sleeping waits beside MLX's ring backend.
+# ----------------------------------------------------------------------------- links
+class Links:
+    """Blocking TCP sockets beside MLX's group, one per pair of ranks (ring backend).
 
-    The ring backend's socket threads poll a pending receive (non-blocking sockets), so a
-    rank waiting in a collective keeps a core busy. Measured on this 2-core machine: rank 1
-    waiting in an all_sum made rank 0's matmuls 2x slower, and in pipeline mode one rank
-    always waits for the other. So a rank that may wait long (a follower for the next header,
-    a pipeline stage for its input) first sleeps in a blocking recv on a plain TCP socket
-    until the peer rings, and only then enters the collective, which completes at once.
-    One socket per pair of ranks (ports exchanged with one all_gather); one byte per ring.
-    Off (None from `connect`) without an MLX_HOSTFILE (backends other than ring)."""
+    The ring backend's socket threads poll a pending receive (non-blocking sockets), so a rank
+    waiting in an MLX collective keeps a core busy, and each MLX message crosses four threads
+    (caller, stream, socket thread, peer's socket thread). On these links a waiting rank sleeps
+    in recv(). They carry rank 0's per-forward header and, in pipeline mode, the activations
+    (with the header, one message per hop); an empty message is a doorbell before an MLX
+    collective (`--check`). One socket per pair (ports exchanged with one all_gather). Off
+    (None from `connect`) without an MLX_HOSTFILE (backends other than ring): MLX's own
+    collectives carry everything then.
+
+    A message: "<ii" (int32 words, payload bytes), the words, the payload."""
+
+    park = None  # called before every sleep (DistTarget: OpenBLAS's spinning idle workers)
 
     def __init__(self, socks: dict, wd: Watchdog):
         self.socks, self.wd = socks, wd
@@ -137,7 +143,7 @@ class Doorbells:
             return None
         lst = socket.create_server((ips[rank], 0), backlog=n)
         ports = mx.distributed.all_gather(mx.array([[lst.getsockname()[1]]], dtype=mx.int32), group=group)
-        ports = [int(p) for p in wd.run("exchanging doorbell ports", lambda: (mx.eval(ports), ports)[1]).reshape(-1).tolist()]
+        ports = [int(p) for p in wd.run("exchanging link ports", lambda: (mx.eval(ports), ports)[1]).reshape(-1).tolist()]
         socks = {}
 
         def wire():
@@ -148,36 +154,52 @@ class Doorbells:
             for _ in range(rank + 1, n):
                 s, _addr = lst.accept()
                 socks[struct.unpack("<i", _recv_exact(s, 4))[0]] = s
-        wd.run("connecting the doorbells", wire)
+        wd.run("connecting the links", wire)
         lst.close()
         for s in socks.values():
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return cls(socks, wd)
 
-    def ring(self, dst: int) -> None:
+    def send(self, dst: int, words=(), payload=b"") -> None:
+        """One message to `dst`: int32 words and a payload (bytes, or an evaluated float32
+        mx.array)."""
+        data = np.asarray(payload).tobytes() if isinstance(payload, mx.array) else bytes(payload)
+        msg = struct.pack(f"<ii{len(words)}i", len(words), len(data), *words) + data
         try:
-            self.socks[dst].sendall(b"\x01")
+            self.socks[dst].sendall(msg)
         except OSError as e:  # reset / broken pipe: the peer is gone
             raise MlxspecError(f"rank {self.wd.rank}: lost rank {dst} ({e.strerror or e})") from None
 
-    def wait(self, src: int, what: str) -> None:
+    def recv(self, src: int, what: str) -> tuple[list[int], bytearray]:
+        """The next message from `src` (asleep until it comes) -> (words, payload)."""
+        if self.park is not None:
+            self.park()
+
         def one():
+            s = self.socks[src]
             try:
-                got = self.socks[src].recv(1)
-            except OSError as e:
+                nw, nb = struct.unpack("<ii", _recv_exact(s, 8))
+                words = list(struct.unpack(f"<{nw}i", _recv_exact(s, 4 * nw))) if nw else []
+                return words, _recv_exact(s, nb) if nb else bytearray()
+            except OSError as e:  # reset, or closed (ConnectionError from _recv_exact)
                 raise MlxspecError(f"rank {self.wd.rank}: lost rank {src} during {what} ({e.strerror or e})") from None
-            if not got:
-                raise MlxspecError(f"rank {self.wd.rank}: lost rank {src} during {what} (connection closed)")
-        self.wd.run(what, one)
+        return self.wd.run(what, one)
+
+    def ring(self, dst: int) -> None:
+        self.send(dst)
+
+    def wait(self, src: int, what: str) -> None:
+        self.recv(src, what)
 
 
-def _recv_exact(s: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = s.recv(n - len(buf))
-        if not chunk:
+def _recv_exact(s: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = s.recv_into(view[got:])
+        if not k:
             raise ConnectionError("connection closed")
-        buf += chunk
+        got += k
     return buf
 
 
@@ -193,24 +215,16 @@ def _ring_ips() -> list[str] | None:
 
 def limit_blas_threads(rank: int) -> int | None:
     """Ranks on one host share its cores: OpenBLAS's threads per rank = cores / ranks on this
-    host (its idle threads spin, so 2 ranks x 2 threads on 2 cores slow every matmul ~10x,
-    measured). Left alone when OPENBLAS_NUM_THREADS is set. -> the thread count set, or None."""
+    host while they all work at once (loading; tensor parallel). Its idle threads spin, so 2
+    ranks x 2 threads on 2 cores slowed every matmul ~10x (measured). Left alone when
+    OPENBLAS_NUM_THREADS is set. -> the thread count set, or None. (Pipeline stages take
+    every core afterwards: `DistTarget._blas_policy`.)"""
     ips = _ring_ips()
     if os.environ.get("OPENBLAS_NUM_THREADS") or ips is None or rank >= len(ips):
         return None
     local = sum(1 for ip in ips if ip == ips[rank])
     n = max(1, (os.cpu_count() or 1) // local)
-    try:
-        import ctypes
-
-        from mlxspec.blas import find_openblas, openblas_loaded
-
-        if not (openblas_loaded() and find_openblas()):
-            return None
-        ctypes.CDLL(find_openblas()).openblas_set_num_threads(n)  # the preloaded library: same handle
-    except (OSError, AttributeError):
-        return None
-    return n
+    return n if set_blas_threads(n) else None
 
 
 # ----------------------------------------------------------------------------- group / plan
@@ -259,9 +273,14 @@ class DistStats:
     forwards: int = 0
     header_time: float = 0.0  # broadcasting the header (leader: send; follower: wait)
     forward_time: float = 0.0  # the forward incl. its collectives (tensor) / send+recv (pipeline)
-    comm_time: float = 0.0  # pipeline: time blocked in send/recv
+    comm_time: float = 0.0  # pipeline: time blocked in send/recv (incl. idle_time)
+    idle_time: float = 0.0  # pipeline: asleep until the previous stage has its output
     check_time: float = 0.0
     extra: dict = field(default_factory=dict)
+
+
+def _words(hdr: list, toks: list) -> list[int]:
+    return list(hdr) + list(toks)
 
 
 class _CacheList(list):
@@ -290,7 +309,7 @@ class DistTarget(Target):
         self._hist: dict[int, list] = {}  # cid -> tokens in that cache (for --check)
         self._closed = False
         n = self.size
-        self.bells = Doorbells.connect(group, watchdog) if n > 1 else None
+        self.links = Links.connect(group, watchdog) if n > 1 else None
         why = tensor_parallel_reason(inner.model, n) if n > 1 else None
         if mode == "auto":
             mode = "tensor" if why is None else "pipeline"
@@ -332,8 +351,30 @@ class DistTarget(Target):
                 if not a <= i < b:
                     layer.update(tree_map(lambda x: mx.zeros((0,), dtype=x.dtype), layer.parameters()))
             mx.eval(inner.model.parameters())
+        self.blas_threads = self._blas_policy()
         norm = getattr(layers[self.stages[self.rank][0]], "input_layernorm", None)
         self.act_dtype = norm.weight.dtype if norm is not None else mx.float32
+
+    def _blas_policy(self) -> int | None:
+        """OpenBLAS threads for this rank now that the mode is known -> the count set, or None
+        (left as `init` set it: cores / ranks on this host).
+
+        Pipeline stages over the links run one at a time (one request goes through them in
+        order), and a waiting stage sleeps in recv(): the working rank can have every core of
+        the host. Its idle OpenBLAS workers would spin for ~0.1 s after each call, on the
+        core the next stage needs, so a rank that shares its host parks them before each sleep
+        (`mlxspec.blas.park_blas_threads`). Tensor-parallel ranks compute at the same time: one
+        share of the cores each. OPENBLAS_NUM_THREADS, when set, is left alone."""
+        if not self._chained:
+            return None
+        ips = _ring_ips() or []
+        local = sum(1 for ip in ips if ip == ips[self.rank]) if self.rank < len(ips) else 1
+        if local > 1:
+            self.links.park = park_blas_threads
+        if os.environ.get("OPENBLAS_NUM_THREADS"):
+            return None
+        n = os.cpu_count() or 1
+        return n if set_blas_threads(n) else None
 
     def describe(self) -> str:
         if self.mode == "tensor":
@@ -373,10 +414,11 @@ class DistTarget(Target):
         offset = cache_length(cache)
         hdr = [_FWD, cid, offset, len(toks), _MODES[logits], len(taps), freed, int(self.check)] + list(taps)
         t0 = time.perf_counter()
-        self._bcast_header(hdr, toks)
+        if not self._chained:
+            self._send_header(hdr, toks)
         t1 = time.perf_counter()
         self.stats.header_time += t1 - t0
-        out = self._forward(tokens, cache, taps, logits)
+        out = self._forward(tokens, cache, taps, logits, words=_words(hdr, toks))
         self.stats.forward_time += time.perf_counter() - t1
         self.stats.forwards += 1
         if self.check:
@@ -395,6 +437,35 @@ class DistTarget(Target):
         return cache_length(cache)
 
     # -- protocol -------------------------------------------------------------------
+    # The header: [command, cache id, committed length, L, logits mode, n taps, freed cache id,
+    # check] + taps (+ the L tokens). Over the links (ring backend) rank 0 sends it to every
+    # rank (tensor parallel), or it travels with the activations from stage to stage
+    # (pipeline: `_chained`, one message per hop). Otherwise it is one MLX all_sum of _HDR
+    # int32 words (rank 0's values, zeros elsewhere), the tokens inline or in a second one.
+    @property
+    def _chained(self) -> bool:
+        return self.links is not None and self.mode == "pipeline"
+
+    def _send_header(self, hdr: list, toks: list) -> None:
+        if self.links is not None:
+            for d in range(1, self.size):
+                self.links.send(d, _words(hdr, toks))
+            return
+        self._bcast_header(hdr, toks)
+
+    def _next_header(self):
+        """Follower: the next header -> (header words, tokens, payload: the activations that
+        came with it, chained pipeline only)."""
+        if self.links is None:
+            h, toks = self._bcast_header([], [])
+            return h, toks, None
+        src = self.rank - 1 if self._chained else 0
+        words, payload = self.links.recv(src, "header broadcast" if src == 0 else f"receiving activations from rank {src}")
+        if not words:
+            raise MlxspecError(f"rank {self.rank}: an empty message from rank {src} (version mismatch?)")
+        n = 8 + words[5]
+        return words[:n] + [0] * (8 + _MAX_TAPS - n), words[n:], payload
+
     def _bcast(self, arr: mx.array, what: str) -> mx.array:
         out = mx.distributed.all_sum(arr, group=self.group)  # others contribute zeros: exact
         return self.wd.run(what, lambda: (mx.eval(out), out)[1])
@@ -402,7 +473,6 @@ class DistTarget(Target):
     def _bcast_header(self, hdr: list, toks: list):
         room = _HDR - 8 - _MAX_TAPS
         h = mx.zeros((_HDR,), dtype=mx.int32)
-        self._ring_or_wait(0, "header broadcast")
         if self.rank == 0:
             body = hdr + [0] * (8 + _MAX_TAPS - len(hdr))
             inline = toks if len(toks) <= room else []
@@ -418,16 +488,16 @@ class DistTarget(Target):
         return h, toks
 
     def _ring_or_wait(self, src: int, what: str, dsts=None):
-        """Before a collective that `src` starts: src rings `dsts` (default: every other
-        rank), they sleep until it does (see `Doorbells`)."""
-        if self.bells is None:
+        """Before an MLX collective that `src` starts: src rings `dsts` (default: every other
+        rank), they sleep until it does (see `Links`)."""
+        if self.links is None:
             return
         dsts = [r for r in range(self.size) if r != src] if dsts is None else dsts
         if self.rank == src:
             for d in dsts:
-                self.bells.ring(d)
+                self.links.ring(d)
         elif self.rank in dsts:
-            self.bells.wait(src, what)
+            self.links.wait(src, what)
 
     def close(self):
         """Leader: tell the other ranks to leave `serve()`. Safe to call twice."""
@@ -436,7 +506,11 @@ class DistTarget(Target):
             return
         self._closed = True
         if self.rank == 0:
-            self._bcast_header([_STOP, 0, 0, 0, 0, 0, 0, 0], [])
+            stop = [_STOP, 0, 0, 0, 0, 0, 0, 0]
+            if self._chained:
+                self.links.send(1, stop)  # passed on stage by stage
+            else:
+                self._send_header(stop, [])
 
     def __enter__(self):
         return self
@@ -457,10 +531,12 @@ class DistTarget(Target):
             raise MlxspecError("serve() is for ranks other than 0; rank 0 generates")
         while True:
             t0 = time.perf_counter()
-            h, toks = self._bcast_header([], [])
+            h, toks, payload = self._next_header()
             self.stats.header_time += time.perf_counter() - t0
             if h[0] == _STOP:
                 self._closed = True
+                if self._chained and self.rank + 1 < self.size:
+                    self.links.send(self.rank + 1, h[:8])
                 return
             if h[0] != _FWD:
                 raise MlxspecError(f"rank {self.rank}: unknown command {h[0]} from rank 0 (version mismatch?)")
@@ -477,7 +553,8 @@ class DistTarget(Target):
                 raise MlxspecError(f"rank {self.rank}: holds {own} positions, rank 0 expects {offset}")
             trim_cache(cache, own - offset)
             t1 = time.perf_counter()
-            out = self._forward(mx.array([toks]), cache, taps, _MODE_NAMES[mode])
+            out = self._forward(mx.array([toks]), cache, taps, _MODE_NAMES[mode],
+                                words=_words(h[:8 + ntaps], toks), payload=payload)
             self.stats.forward_time += time.perf_counter() - t1
             self.stats.forwards += 1
             del out
@@ -485,16 +562,16 @@ class DistTarget(Target):
                 self._check(cid, offset, toks, cache)
 
     # -- forwards -------------------------------------------------------------------
-    def _forward(self, tokens, cache, taps, logits):
+    def _forward(self, tokens, cache, taps, logits, words=(), payload=None):
         if self.mode == "tensor":
             # Every rank runs the same sharded graph; all its all-reduces happen here.
             mode = logits if (self.rank == 0 or logits == "none") else "last"
             lg, tp = self.base(tokens, cache, taps=taps, logits=mode)
             self.wd.run("tensor-parallel forward", lambda: mx.eval([x for x in (lg, tp) if x is not None]))
             return lg, tp
-        return self._pipeline_forward(tokens, cache, taps, logits)
+        return self._pipeline_forward(tokens, cache, taps, logits, words, payload)
 
-    def _pipeline_forward(self, tokens, cache, taps, logits):
+    def _pipeline_forward(self, tokens, cache, taps, logits, words, payload):
         inner = self.model.model
         r, n = self.rank, self.size
         a, b = self.stages[r]
@@ -506,7 +583,8 @@ class DistTarget(Target):
             h = inner.embed_tokens(tokens)
             carried = []
         else:
-            h, carried = self._recv_stage(L, len(prev_taps), r - 1, f"receiving activations from rank {r - 1}")
+            h, carried = self._stage_input(L, len(prev_taps), r - 1, payload,
+                                           f"receiving activations from rank {r - 1}")
         mask = create_attention_mask(h, cache[a])
         mine = {}
         for i in range(a, b):
@@ -516,14 +594,10 @@ class DistTarget(Target):
         if r == 0:
             local = {t: mine[t] for t in taps if t in mine}
             if n > 1:
-                out0 = h.astype(mx.float32)
-                mx.eval(out0)  # compute first, then wake rank 1 for the transfer alone
-                if self.bells is not None:
-                    self.bells.ring(1)
-                send = mx.distributed.send(out0, 1, group=self.group)
-                self.wd.run("sending activations to rank 1", lambda: mx.eval(send))
+                self._stage_output(h.astype(mx.float32), 1, words)
                 later = [t for s in range(1, n) for t in taps if st[s][0] <= t < st[s][1]]
-                h, back = self._recv_stage(L, len(later), n - 1, f"receiving the last stage's output from rank {n - 1}")
+                h, back = self._stage_input(L, len(later), n - 1, None,
+                                            f"receiving the last stage's output from rank {n - 1}")
                 local.update({t: p.astype(self.act_dtype) for t, p in zip(later, back)})
             tap_out = mx.concatenate([local[t] for t in taps], axis=-1) if taps else None
             if logits == "none":
@@ -534,28 +608,41 @@ class DistTarget(Target):
             mx.eval([x for x in out if x is not None])
             return out
         new = [mine[t].astype(mx.float32) for t in taps if a <= t < b]
-        msg = mx.concatenate([h.astype(mx.float32)] + [c for c in carried] + new, axis=-1)
         dst = (r + 1) % n
-        mx.eval(msg)  # compute first, then wake `dst` for the transfer alone
-        if self.bells is not None:
-            self.bells.ring(dst)
-        send = mx.distributed.send(msg, dst, group=self.group)
-        tc = time.perf_counter()
-        self.wd.run(f"sending activations to rank {dst}", lambda: mx.eval(send))
-        self.stats.comm_time += time.perf_counter() - tc
+        self._stage_output(mx.concatenate([h.astype(mx.float32)] + [c for c in carried] + new, axis=-1), dst,
+                           words if dst else ())
         return None, None
 
-    # -- --check --------------------------------------------------------------------
-    def _recv_stage(self, L: int, n_taps: int, src: int, what: str):
-        """[hidden | n_taps taps] of L positions from rank `src` (float32 on the wire), under
-        the watchdog -> (hidden in the activation dtype, [taps] still float32: a middle stage
-        passes them on as they came)."""
-        H = self.info.hidden_size
+    def _stage_output(self, msg: mx.array, dst: int, words=()) -> None:
+        """This stage's [hidden | taps] (float32) to rank `dst`: computed first, then sent
+        (over the links with the header words for the next stage, or MLX send after a ring)."""
+        mx.eval(msg)
         tc = time.perf_counter()
-        if self.bells is not None:
-            self.bells.wait(src, what)  # asleep until `src` has its output ready
-        x = mx.distributed.recv((1, L, H * (1 + n_taps)), mx.float32, src, group=self.group)
-        self.wd.run(what, lambda: mx.eval(x))
+        if self.links is not None:
+            self.links.send(dst, words, msg)
+        else:
+            send = mx.distributed.send(msg, dst, group=self.group)
+            self.wd.run(f"sending activations to rank {dst}", lambda: mx.eval(send))
+        self.stats.comm_time += time.perf_counter() - tc
+
+    def _stage_input(self, L: int, n_taps: int, src: int, payload, what: str):
+        """[hidden | n_taps taps] of L positions from rank `src` (float32 on the wire): the
+        payload that came with the header, or the next message -> (hidden in the activation
+        dtype, [taps] still float32: a middle stage passes them on as they came)."""
+        H = self.info.hidden_size
+        shape = (1, L, H * (1 + n_taps))
+        tc = time.perf_counter()
+        if payload is None and self.links is not None:
+            _, payload = self.links.recv(src, what)  # asleep until `src` has its output ready
+        if payload is not None:
+            self.stats.idle_time += time.perf_counter() - tc
+            if len(payload) != 4 * L * shape[2]:
+                raise MlxspecError(f"rank {self.rank}: {len(payload)} bytes of activations from rank {src}, "
+                                   f"expected {4 * L * shape[2]} (version mismatch?)")
+            x = mx.array(np.frombuffer(payload, dtype=np.float32).reshape(shape))
+        else:
+            x = mx.distributed.recv(shape, mx.float32, src, group=self.group)
+            self.wd.run(what, lambda: mx.eval(x))
         self.stats.comm_time += time.perf_counter() - tc
         parts = mx.split(x, 1 + n_taps, axis=-1)
         return parts[0].astype(self.act_dtype), list(parts[1:])
@@ -650,8 +737,10 @@ def cmd_generate(a) -> int:
 def footer(target: DistTarget) -> str:
     s = target.stats
     n = max(s.forwards, 1)
-    line = (f"Distributed: {target.describe()}; {s.forwards} forwards, header broadcast "
-            f"{1e3 * s.header_time / n:.2f} ms/forward, forward {1e3 * s.forward_time / n:.1f} ms/forward")
+    header = ("header with the activations" if target._chained
+              else f"header broadcast {1e3 * s.header_time / n:.2f} ms/forward")
+    line = (f"Distributed: {target.describe()}; {s.forwards} forwards, {header}, "
+            f"forward {1e3 * s.forward_time / n:.1f} ms/forward")
     if target.mode == "pipeline":
         line += f" (blocked in send/recv {1e3 * s.comm_time / n:.1f} ms)"
     if target.check:

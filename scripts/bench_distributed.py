@@ -53,10 +53,19 @@ def worker(job: dict) -> None:
             replay[L] = 1e3 * (time.perf_counter() - t)
     if target.rank != 0:
         target.serve()
+        st = target.stats
+        n = max(st.forwards, 1)
+        print(f"BENCH_RANK{target.rank} " + json.dumps({
+            "forwards": st.forwards, "blas_threads": target.blas_threads,
+            "header_wait_ms_per_forward": round(1e3 * st.header_time / n, 2),
+            "forward_ms": round(1e3 * st.forward_time / n, 2),
+            "sendrecv_ms_per_forward": round(1e3 * st.comm_time / n, 2),
+            "idle_ms_per_forward": round(1e3 * st.idle_time / n, 2)}), flush=True)
         return
     ids = tok.encode(apply_chat_template(tok, [{"role": "user", "content": PROMPT}], add_generation_prompt=True),
                      add_special_tokens=False) if tok.has_chat_template else tok.encode(PROMPT)
     out = {"ranks": target.size, "mode": target.mode, "describe": target.describe(),
+           "blas_threads": getattr(target, "blas_threads", None),
            "allreduce_replay_ms_per_forward": replay or None}
     with target:
         list(api.stream_generate(target, tok, ids, spec, max_tokens=8))  # warm-up
@@ -74,6 +83,7 @@ def worker(job: dict) -> None:
                 "header_ms_per_forward": round(1e3 * (d.header_time - s0.header_time) / n, 3),
                 "forward_ms": round(1e3 * (d.forward_time - s0.forward_time) / n, 2),
                 "sendrecv_ms_per_forward": round(1e3 * (d.comm_time - s0.comm_time) / n, 2),
+                "idle_ms_per_forward": round(1e3 * (d.idle_time - s0.idle_time) / n, 2),
                 "draft_s": round(st.draft_time, 3), "verify_s": round(st.verify_time, 3),
             }
     print("BENCH " + json.dumps(out), flush=True)
@@ -149,6 +159,10 @@ def main() -> int:
             print(r.stdout[-2000:], r.stderr[-3000:], file=sys.stderr)
             return 1
         res = json.loads(line[0][6:])
+        for ln in r.stdout.splitlines():
+            if ln.startswith("BENCH_RANK"):
+                k, _, v = ln.partition(" ")
+                res[k[len("BENCH_"):].lower().replace("rank", "rank_")] = json.loads(v)
         res["wall_s"] = round(time.perf_counter() - t, 1)
         results.append(res)
         print(json.dumps(res), file=sys.stderr)
