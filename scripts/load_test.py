@@ -146,19 +146,20 @@ def _free_port() -> int:
         return sk.getsockname()[1]
 
 
-def _wait_up(proc, port, log_path, limit=600.0):
+def _wait_up(proc, port, log_path, limit=300.0) -> dict:
+    """Wait for GET /health to answer 200 -> its JSON (mlxspec's names the model; mlx_lm's does not)."""
     t0 = time.time()
     while time.time() - t0 < limit:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}: {Path(log_path).read_text()[-1500:]}")
         try:
             c = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            c.request("GET", "/v1/models")
+            c.request("GET", "/health")
             r = c.getresponse()
             body = r.read()
             if r.status == 200:
-                return json.loads(body)["data"][0]["id"]
-        except (OSError, ValueError, KeyError, IndexError):
+                return json.loads(body or b"{}")
+        except (OSError, ValueError):
             pass
         time.sleep(1)
     raise RuntimeError(f"server on port {port} did not come up within {limit:.0f} s")
@@ -179,24 +180,25 @@ def compare(a) -> int:
     levels = [int(x) for x in a.levels.split(",")]
     prompts = [PROMPTS[i % len(PROMPTS)] + f" (request {i})" for i in range(a.requests)]
     Path(a.workdir).mkdir(parents=True, exist_ok=True)
-    servers = [
+    mlx_dir = _mlx_lm_dir(a) if not a.only or "mlx_lm.server" in a.only else None
+    servers = [  # (name, command, levels, model id when /health does not name it)
         ("mlxspec serve", [sys.executable, "-m", "mlxspec.cli", "serve"] + (["--max-batch", str(a.max_batch)] if a.max_batch else []),
-         levels),
+         levels, None),
         ("mlxspec serve --max-batch 1", [sys.executable, "-m", "mlxspec.cli", "serve", "--max-batch", "1"],
-         [levels[0], levels[-1]]),
-        ("mlx_lm.server", [sys.executable, "-m", "mlx_lm.server", "--model", _mlx_lm_dir(a)], levels),
+         [levels[0], levels[-1]], None),
+        ("mlx_lm.server", [sys.executable, "-m", "mlx_lm.server", "--model", str(mlx_dir)], levels, str(mlx_dir)),
     ]
     if a.only:
         servers = [s for s in servers if s[0] in a.only.split(",")]
     out = {"max_tokens": a.max_tokens, "requests_per_level": a.requests, "levels": levels, "servers": {},
            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_average_at_start": os.getloadavg()}
     failed = False
-    for name, cmd, lv in servers:
+    for name, cmd, lv, model in servers:
         port = _free_port()
         log_path = Path(a.workdir) / f"{name.split()[0]}-{port}.log"
         proc = subprocess.Popen(cmd + ["--port", str(port)], stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
         try:
-            model = _wait_up(proc, port, log_path)
+            model = _wait_up(proc, port, log_path).get("model") or model
             stream_chat("127.0.0.1", port, None, model, [{"role": "user", "content": "Hello"}], 4)  # warm-up
             rows, ref = [], None
             for c in lv:

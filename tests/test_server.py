@@ -266,6 +266,11 @@ def test_queue_full_answers_429(server):
         assert ei.value.status_code == 429
         assert ei.value.response.headers.get("retry-after") == "1"
         assert ei.value.body["code"] == "queue_full"
+        # continuous batching: the four run together, in one batch
+        t0 = time.time()
+        while not re.search(r"^mlxspec_batch_size 4$", _raw(server["port"], "GET", "/metrics")[2], re.M):
+            assert time.time() - t0 < 60, "the four streams never ran in one batch"
+            time.sleep(0.3)
     finally:
         for s in streams:
             s.close()
@@ -356,8 +361,11 @@ def test_metrics(server):
     assert st == 200 and h["content-type"].startswith("text/plain")
     for name in ("mlxspec_requests_total", "mlxspec_completion_tokens_total", "mlxspec_acceptance_rate",
                  "mlxspec_tau", "mlxspec_queue_depth", "mlxspec_time_to_first_token_seconds_bucket",
-                 "mlxspec_prompt_cache_bytes"):
+                 "mlxspec_prompt_cache_bytes", "mlxspec_batch_size"):
         assert re.search(rf"^{name}\b", body, re.M), name
+    assert re.search(r"^mlxspec_max_batch 8$", body, re.M)  # the default on this machine's 2+ cores
+    assert int(re.search(r"^mlxspec_batch_steps_total (\d+)", body, re.M).group(1)) >= 1
+    assert float(re.search(r"^mlxspec_generation_tokens_per_second (\S+)", body, re.M).group(1)) > 0
     count = int(re.search(r"^mlxspec_time_to_first_token_seconds_count (\d+)", body, re.M).group(1))
     assert count >= 1
 
@@ -665,6 +673,52 @@ def test_hub_id_is_served_under_its_repo_id(tmp_path):
     finally:
         proc.terminate()
         proc.wait(30)
+    # sliding-window layers: no batch, one request at a time, said in one line
+    err = proc.stderr.read()
+    assert ("mlxspec serve: --max-batch 8: model_type 'gemma3_text' has RotatingKVCache layers: batched speculation "
+            "needs plain KV caches, so its sequences run one at a time\n") in err, err
+
+
+def test_max_batch_1_serves_one_at_a_time(reference, smollm2_path):
+    """--max-batch 1: the server before batching (one generation at a time, FIFO); same text."""
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "mlxspec.cli", "serve", "--port", str(port), "--api-key", KEY,
+                             "--max-batch", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 180
+        while True:
+            assert proc.poll() is None, proc.stderr.read()[-2000:]
+            try:
+                st, _, body = _raw(port, "GET", "/health")
+                if st == 200:
+                    break
+            except OSError:
+                pass
+            assert time.time() < deadline, "server did not come up within 180 s"
+            time.sleep(0.5)
+        srv = {"port": port, "model": json.loads(body)["model"]}
+        c = _client(srv)
+        got = [None, None]
+
+        def run(i):
+            got[i] = _chat(c, srv["model"], max_tokens=N_REF, temperature=0).choices[0].message.content
+
+        ts = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(120)
+        assert got == [reference["greedy"]] * 2
+        metrics = _raw(port, "GET", "/metrics")[2]
+        assert re.search(r"^mlxspec_max_batch 1$", metrics, re.M) and re.search(r"^mlxspec_batch_steps_total 0$",
+                                                                               metrics, re.M)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    bad = subprocess.run([sys.executable, "-m", "mlxspec.cli", "serve", "--max-batch", "0"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == \
+        "mlxspec: error: --max-batch 0 is out of range: use 1 or more", bad.stderr
 
 
 # ----------------------------------------------------------------------------- prompt cache (in process)

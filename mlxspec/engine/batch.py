@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
+from mlx_lm.models.cache import KVCache, create_attention_mask
 
 from mlxspec.engine.drafting import Drafter, NoDrafter
 from mlxspec.engine.loop import InvariantError, SpecStats
@@ -95,8 +96,11 @@ class RaggedKVCache:
         self.values: mx.array | None = None
 
     @property
-    def offset(self) -> mx.array:  # the RoPE position of each row's first new token
-        return self.lens.array
+    def offset(self):
+        """The RoPE position of each row's first new token: one int when the rows are level
+        (then every op is the one mlx-lm's KVCache runs, bit for bit at B = 1)."""
+        lens = self.lens.list
+        return lens[0] if min(lens) == max(lens) else self.lens.array
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         L = keys.shape[2]
@@ -124,8 +128,12 @@ class RaggedKVCache:
         self.keys, self.values = new
 
     def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs) -> mx.array:
-        """[B, 1, N, S]: query j of row b (position len_b + j) sees slots 0..len_b + j."""
-        S = max(self.lens.list) + N
+        """[B, 1, N, S]: query j of row b (position len_b + j) sees slots 0..len_b + j. Level rows
+        get mlx-lm's own causal mask (None for one token, "causal" for a block)."""
+        lens = self.lens.list
+        if min(lens) == max(lens):
+            return create_attention_mask(N, lens[0], return_array, window_size)
+        S = max(lens) + N
         q = self.lens.array[:, None] + mx.arange(N, dtype=mx.int32)  # [B, N]
         mask = mx.arange(S, dtype=mx.int32)[None, None, :] <= q[:, :, None]
         if window_size is not None:
@@ -258,8 +266,6 @@ class SpecBatch:
     # -- leaving --------------------------------------------------------------------------
     def extract(self, row: Row) -> TargetCache:
         """A single-sequence copy of the row's cache (its `length` positions)."""
-        from mlx_lm.models.cache import KVCache
-
         b = self.rows.index(row)
         n = self.lens.list[b]
         out = []
