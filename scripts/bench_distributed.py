@@ -136,10 +136,7 @@ def main() -> int:
     if a.random_llama:
         print(random_llama(a.random_llama))
         return 0
-    from mlxspec.api import load_speculator
-    import inspect
-
-    spec_kw = {"policy": "fixed"} if "policy" in inspect.signature(load_speculator).parameters else {}
+    spec_kw = {"policy": "fixed", "ngram": False}  # the DSpark drafter alone, every drafted block verified
     draft = None if a.draft == "none" else a.draft
     results = []
     for n in [int(x) for x in a.ranks.split(",")]:

@@ -18,7 +18,7 @@ from mlxspec.errors import MlxspecError
 
 
 def run_one(run: dict) -> dict | None:
-    target, tok, spec = distributed.load(run.get("model"), run.get("draft"), run.get("spec_type", "auto"),
+    target, tok, spec = distributed.load(run.get("model"), run.get("draft"), spec_type=run.get("spec_type", "auto"),
                                          mode=run.get("mode", "auto"), check=run.get("check", False),
                                          timeout=run.get("timeout", 60), **run.get("spec_kw", {}))
     if target.rank != 0:

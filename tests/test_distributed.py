@@ -9,7 +9,6 @@ the shipped DSpark drafter (9 heads: not divisible by 2, so pipeline parallel).
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import signal
@@ -28,9 +27,9 @@ from dist_models import FAMILIES, VOCAB, write_tiny_target  # noqa: E402
 from mlxspec import api  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-# Verify every drafted block (where the engine has a verify-length policy): a timing-based
-# policy would make the drafted/accepted counts differ from run to run (the tokens never do).
-SPEC_KW = {"policy": "fixed"} if "policy" in inspect.signature(api.load_speculator).parameters else {}
+# Verify every drafted block: a timing-based policy would make the drafted/accepted counts
+# differ from run to run (the tokens never do).
+SPEC_KW = {"policy": "fixed"}
 PY = sys.executable
 LAUNCH = str(Path(PY).parent / "mlx.launch")
 WORKER = str(Path(__file__).parent / "dist_worker.py")

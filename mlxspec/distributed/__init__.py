@@ -1,0 +1,29 @@
+"""The target sharded over the ranks of an `mlx.launch` job, speculation on top.
+
+One decider, N-1 target servers: every rank loads the target and keeps its share (tensor
+parallel with mlx-lm's own `model.shard` when the sizes divide, else pipeline stages); rank 0
+alone runs the speculative loop, and before each target forward sends the others a header so
+that they run the same forward. The output is the single-process output, token for token.
+See docs/distributed.md.
+
+  * `load`: `mlxspec.api.load` for every rank -> (DistTarget, tokenizer, speculator);
+  * `target`: `DistTarget`, the header protocol, `serve()` for the other ranks;
+  * `pipeline`: the layer stages and their activations; `plan`: which split applies;
+  * `header`: the header's words; `links`: the ranks' blocking TCP links beside MLX's group;
+  * `group`: joining the job, each rank's cores; `watchdog`: one line, not a hang, when a
+    peer is lost; `check`: `--check`; `cli`: `mlxspec generate` under mlx.launch.
+
+Run it: `mlx.launch --backend ring --hosts 127.0.0.1 -n 2 -- .venv/bin/mlxspec generate ...`
+(`mlxspec generate` switches to `mlxspec.distributed.cli` when launched with MLX_RANK set).
+"""
+
+from mlxspec.distributed.cli import add_dist_args, cmd_generate, footer
+from mlxspec.distributed.group import DEFAULT_TIMEOUT, init, launched, limit_blas_threads
+from mlxspec.distributed.links import Links
+from mlxspec.distributed.load import load
+from mlxspec.distributed.plan import split_layers, tensor_parallel_reason
+from mlxspec.distributed.target import DistStats, DistTarget
+from mlxspec.distributed.watchdog import Watchdog
+
+__all__ = ["DEFAULT_TIMEOUT", "DistStats", "DistTarget", "Links", "Watchdog", "add_dist_args", "cmd_generate",
+           "footer", "init", "launched", "limit_blas_threads", "load", "split_layers", "tensor_parallel_reason"]
