@@ -16,7 +16,7 @@ import pytest
 
 from mlxspec import api
 from mlxspec.engine import batch as batch_mod
-from mlxspec.engine.batch import SpecBatch, check_batchable
+from mlxspec.engine.batch import SpecBatch, VerifyBudget, check_batchable
 from mlxspec.engine.drafting import BlockDrafter
 from mlxspec.engine.loop import generate_steps
 from mlxspec.engine.verify import SamplingParams
@@ -154,3 +154,45 @@ def test_rotating_and_recurrent_targets_are_refused_in_one_line(arch, kind):
         check_batchable(tiny_target(arch))
     msg = str(e.value)
     assert "\n" not in msg and kind in msg and "one at a time" in msg
+
+
+# ----------------------------------------------------------------------------- the batch's verify budget
+
+def test_budget_verifies_long_blocks_when_rows_cost_little_and_none_when_they_cost_a_lot():
+    """VerifyBudget's cap: a flat forward cost (memory-bound: more rows are nearly free) and
+    drafts that are usually right -> the whole block; a cost growing with every row and drafts
+    that are rarely right -> 0 (a batched autoregressive step), with a probe now and then."""
+    flat = VerifyBudget({L: 1 / (0.010 + 0.0001 * L) for L in range(1, 10)}, max_drafts=8)
+    for _ in range(30):
+        flat.observe_forward(40, 0.0145)
+        flat.observe_row(8, 8, 0.001)
+    assert flat.cap([8] * 4) == 8
+    assert flat.cap([2, 8, 0, 8]) == 8  # rows' remaining limits: a row near max_tokens caps itself
+    steep = VerifyBudget({L: 1 / (0.010 * L) for L in range(1, 10)}, max_drafts=8, probe_every=5)
+    for _ in range(30):
+        steep.observe_forward(16, 0.16)
+        steep.observe_row(4, 0, 0.002)
+    caps = [steep.cap([8] * 8) for _ in range(10)]
+    assert caps.count(0) == 8 and all(c > 0 for c in (caps[4], caps[9]))
+    assert steep.cost(80) == pytest.approx(0.8, rel=0.05)  # the fitted line: 10 ms a row
+
+
+def test_budget_caps_rows_and_output_is_unchanged(default):
+    """A budget that allows one draft per row: every row verifies at most 2 tokens, and greedy
+    output is still each row's solo output."""
+    target, spec, eos, ids = default
+    budget = VerifyBudget({L: 1 / (0.01 * L) for L in range(1, 10)}, max_drafts=8, probe_every=10**6)
+    budget.cap = lambda limits: 1
+    b = SpecBatch(target, taps=tuple(spec.make_drafter(target).taps), budget=budget)
+    rows = {}
+    for k in (1, 2):
+        d = spec.make_drafter(target)
+        row, first = b.add(ids[k], drafter=d, max_tokens=8, eos_ids=eos, policy=api.make_policy(target, d, spec))
+        rows[id(row)] = (row, list(first))
+    while len(b):
+        for r, c in b.step():
+            rows[id(r)][1].extend(c)
+        b.remove([r for r in b.rows if r.done])
+    for row, toks in rows.values():
+        assert max(row.stats.verify_lengths) <= 2
+        assert toks == solo(target, spec, eos, row.prompt_ids, 8)

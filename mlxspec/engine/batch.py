@@ -46,7 +46,7 @@ from mlx_lm.models.cache import KVCache, create_attention_mask
 
 from mlxspec.engine.drafting import Drafter, NoDrafter
 from mlxspec.engine.loop import InvariantError, SpecStats
-from mlxspec.engine.policy import LengthPolicy, compose
+from mlxspec.engine.policy import AcceptanceEstimate, Kind, LengthPolicy, compose, expected_tokens
 from mlxspec.engine.step import Proposal, propose, record
 from mlxspec.engine.verify import (
     SamplingParams,
@@ -165,6 +165,87 @@ class RaggedKVCache:
         self.keys, self.values = self.keys[idx], self.values[idx]
 
 
+class VerifyBudget:
+    """How many drafts each row may verify this step, chosen for the batch as a whole.
+
+    A row's own policy prices its verify as if it ran alone, where a 9-token verify costs little
+    more than a 1-token one (the weights are read once either way). In a batch the forward runs
+    B x L rows and on a CPU it turns compute-bound: 8 rows x 9 tokens cost several 8-row steps.
+    So before the rows draft, the batch picks one cap c on drafts per row maximising
+
+        rate(c) = sum_b E(min(c, n_b)) / (T(sum_b (1 + min(c, n_b))) + drafting(c))
+
+    with E the expected committed tokens (`policy.expected_tokens`, from the batch's running
+    per-position acceptance), T(R) the forward cost of R rows (a straight line fitted to the
+    measured batched forwards, decayed, starting from the single-sequence verify profile) and
+    drafting(c) the rows' measured drafting time (none at c = 0). c = 0 is a batched
+    autoregressive step; while it wins, every `probe_every` steps verify at the best c > 0 so
+    the acceptance estimate can recover. A cap only truncates, and depends on history only, so
+    output is unchanged (lossless under sampling too)."""
+
+    def __init__(self, profile: dict[int, float], max_drafts: int, decay: float = 0.97, prior_weight: float = 2.0,
+                 probe_every: int = 16):
+        self.max_drafts, self.decay, self.probe_every = max_drafts, decay, probe_every
+        self.acceptance = AcceptanceEstimate(max(max_drafts, 1))
+        # weighted least squares sums for T(R) = a + b R: the profile's points as a prior
+        self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0
+        for L, sps in sorted(profile.items()):
+            self._add(float(L), 1.0 / float(sps), prior_weight / len(profile))
+        self.draft_time = None  # decayed mean seconds of one row's drafting
+        self.since_drafts = 0
+
+    def _add(self, r: float, t: float, w: float = 1.0) -> None:
+        self.sw += w
+        self.sx += w * r
+        self.sy += w * t
+        self.sxx += w * r * r
+        self.sxy += w * r * t
+
+    def cost(self, rows: float) -> float:
+        """Predicted seconds of a batched forward over `rows` block rows."""
+        den = self.sw * self.sxx - self.sx * self.sx
+        b = (self.sw * self.sxy - self.sx * self.sy) / den if den > 1e-12 else 0.0
+        b = max(b, 0.0)
+        a = (self.sy - b * self.sx) / self.sw
+        return max(a + b * rows, 1e-6)
+
+    def observe_forward(self, rows: int, seconds: float) -> None:
+        for k in ("sw", "sx", "sy", "sxx", "sxy"):
+            setattr(self, k, getattr(self, k) * self.decay)
+        self._add(float(rows), seconds)
+
+    def observe_row(self, verified: int, accepted: int, draft_seconds: float | None) -> None:
+        if verified > 0:
+            self.acceptance.observe(verified, accepted)
+        if draft_seconds is not None and draft_seconds > 0:
+            self.draft_time = draft_seconds if self.draft_time is None else 0.8 * self.draft_time + 0.2 * draft_seconds
+
+    def cap(self, limits: list[int]) -> int:
+        """The drafts per row to allow this step (rows' remaining limits given)."""
+        top = min(max(limits, default=0), self.max_drafts)
+        if top <= 0:
+            return 0
+        p = self.acceptance.p()
+        dt = self.draft_time or 0.0
+        best_c, best = 0, len(limits) / self.cost(len(limits))
+        for c in range(1, top + 1):
+            n = [min(c, x) for x in limits]
+            r = sum(expected_tokens(p, k) for k in n) / (self.cost(sum(n) + len(n)) + dt * sum(k > 0 for k in n))
+            if r > best * (1 + 1e-9):
+                best_c, best = c, r
+        if best_c == 0:
+            self.since_drafts += 1
+            if self.since_drafts >= self.probe_every:  # explore: the best c > 0 by the same rule
+                self.since_drafts = 0
+                rates = [(sum(expected_tokens(p, min(c, x)) for x in limits)
+                          / (self.cost(sum(min(c, x) + 1 for x in limits)) + dt * len(limits)), c)
+                         for c in range(1, top + 1)]
+                return max(rates)[1]
+        else:
+            self.since_drafts = 0
+        return best_c
+
+
 @dataclass(eq=False)
 class Row:
     """One sequence of the batch: `generate_steps`' per-request state."""
@@ -196,11 +277,16 @@ class SpecBatch:
     taps: the target layers the rows' drafters read (rows without a drafter ignore them).
     """
 
-    def __init__(self, target: Target, taps: tuple = (), check_invariants: bool = True):
+    def __init__(self, target: Target, taps: tuple = (), check_invariants: bool = True,
+                 budget: VerifyBudget | None = None):
+        """budget: a `VerifyBudget` capping every row's drafts by the batch's measured costs
+        (from 2 rows on; alone, a row's own policy decides as in `generate_steps`)."""
         check_batchable(target)
         self.target = target
         self.taps = tuple(taps)
         self.check_invariants = check_invariants
+        self.budget = budget
+        self.cap: int | None = None  # the budget's cap of the last step (None: no cap)
         self.rows: list[Row] = []
         self.lens = _Lengths()
         self.layers = [RaggedKVCache(self.lens) for _ in range(target.info.num_layers)]
@@ -304,7 +390,10 @@ class SpecBatch:
             for r, n in zip(self.rows, self.lens.list):
                 if not r.done:
                     _check(r, n)
-        props = {id(r): self._propose(r) for r in live}
+        self.cap = None
+        if self.budget is not None and len(live) > 1:
+            self.cap = self.budget.cap([min(r.limit, r.max_tokens - r.produced - 1) for r in live])
+        props = {id(r): self._propose(r, self.cap) for r in live}
         # padded block per row: [anchor, drafts..] then repeats of its last token
         blocks = [[r.anchor] + props[id(r)].drafts if not r.done else [r.anchor] for r in self.rows]
         L = max(len(b) for b in blocks)
@@ -332,6 +421,8 @@ class SpecBatch:
             mx.eval(ps)
             p_of = dict(zip(sampled, ps))
         t_verified = time.perf_counter() - tv
+        if self.budget is not None:
+            self.budget.observe_forward(sum(len(blocks[b]) for b in live_idx), t_verified)
         out, new_lens = [], list(self.lens.list)
         for b, r in enumerate(self.rows):
             if r.done:
@@ -347,16 +438,18 @@ class SpecBatch:
                 else:
                     a, nxt = 0, sample_token(p_np[0], r.rng)
             new_lens[b] += a + 1
+            if self.budget is not None:
+                self.budget.observe_row(len(drafts), a, pr.t_drafted if pr.source.kind is Kind.DRAFTER else None)
             r.drafter.accept([r.anchor] + drafts[:a], vtaps[b : b + 1, : a + 1] if vtaps is not None else None)
             out.append((r, self._commit(r, pr, a, nxt, t_verified, len(live))))
         self.lens.set(new_lens)
         return out
 
-    def _propose(self, r: Row) -> Proposal:
-        """Steps 1-2 of `generate_steps` for one row (`engine.step.propose`)."""
+    def _propose(self, r: Row, cap: int | None = None) -> Proposal:
+        """Steps 1-2 of `generate_steps` for one row (`engine.step.propose`), at most `cap` drafts."""
         td = time.perf_counter()
-        pr = propose(r.drafter, r.policy, r.anchor, min(r.limit, r.max_tokens - r.produced - 1), r.sampling, r.rng,
-                     self.target.info.vocab_size)
+        n = min(r.limit, r.max_tokens - r.produced - 1, r.limit if cap is None else cap)
+        pr = propose(r.drafter, r.policy, r.anchor, n, r.sampling, r.rng, self.target.info.vocab_size)
         r.stats.draft_time += time.perf_counter() - td
         return pr
 

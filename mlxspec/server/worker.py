@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from mlxspec import api
-from mlxspec.engine.batch import SpecBatch, check_batchable
+from mlxspec.engine.batch import SpecBatch, VerifyBudget, check_batchable
 from mlxspec.engine.verify import SamplingParams
 from mlxspec.errors import MlxspecError
 from mlxspec.server.prompt_cache import ContextDrafter, PromptCache
@@ -318,7 +318,10 @@ class Worker:
             if self.max_batch > 1:
                 try:
                     check_batchable(self.target)
-                    self.batch = SpecBatch(self.target, taps=tuple(self.drafter.taps))
+                    budget = None
+                    if self.drafter.max_drafts > 0:  # drafts per row priced by the batch's measured costs
+                        budget = VerifyBudget(api.profile_for(self.target, self.drafter), self.drafter.max_drafts)
+                    self.batch = SpecBatch(self.target, taps=tuple(self.drafter.taps), budget=budget)
                 except MlxspecError as e:
                     print(f"mlxspec serve: --max-batch {self.max_batch}: {e}", file=self.log, flush=True)
             self.metrics.max_batch = self.max_batch if self.batch is not None else 1
@@ -478,7 +481,7 @@ class Worker:
                     self._fail(lv.job, e)
                     self._release(lv)
                 live.clear()
-                self.batch = SpecBatch(self.target, taps=self.batch.taps)
+                self.batch = SpecBatch(self.target, taps=self.batch.taps, budget=self.batch.budget)
                 continue
             self.metrics.batch_steps += 1
             n = 0
