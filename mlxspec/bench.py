@@ -43,7 +43,7 @@ from mlx_lm.sample_utils import make_sampler
 from tqdm import tqdm
 
 from mlxspec.api import Speculator, load_speculator, make_policy, shipped_drafter
-from mlxspec.blas import blas_status
+from mlxspec.blas import blas_status, default_blas_threads
 from mlxspec.cache import display_path, hub_repo_of
 from mlxspec.drafters.load import load_drafter
 from mlxspec.drafters.model import DFlashModel
@@ -93,6 +93,9 @@ def add_bench_args(p):
                    help="skip the prompt-lookup rows (ngram alone; the first drafter + ngram)")
     p.add_argument("--no-random", action="store_true",
                    help="skip the random-weight copy of the first drafter (adaptive policy)")
+    p.add_argument("--background-load", type=int, default=0, metavar="N",
+                   help="keep N cores busy with spinning processes for the whole run (a shared machine; "
+                        "default 0), started and stopped by the bench")
     p.add_argument("--quick", action="store_true",
                    help="about a minute: 1 prompt per category, 32 tokens, 1 repeat, temperature 0")
 
@@ -113,6 +116,9 @@ def settings(a) -> dict:
         raise MlxspecError(f"--max-tokens {s['max_tokens']}: tokens/s needs at least 2 tokens")
     if s["repeats"] < 1:
         raise MlxspecError(f"--repeats {s['repeats']}: use 1 or more")
+    if a.background_load < 0 or a.background_load > (os.cpu_count() or 1):
+        raise MlxspecError(f"--background-load {a.background_load}: use 0..{os.cpu_count() or 1} (cores to keep busy)")
+    s["background_load"] = a.background_load
     if a.num_draft_tokens < 1:
         raise MlxspecError(f"--num-draft-tokens {a.num_draft_tokens}: use 1 or more")
     sets = load_prompts()
@@ -207,8 +213,34 @@ def random_weights(spec, path, target):
                       description=f"{spec.description} (random weights)", policy=spec.policy)
 
 
+class BackgroundLoad:
+    """`n` processes that spin on a core each for the duration of a `with` block: the bench on
+    a shared machine (an editor, a build, another model), reproducibly. They are killed on
+    exit, also when the bench fails or is interrupted."""
+
+    def __init__(self, n: int):
+        self.n, self.procs = n, []
+
+    def __enter__(self):
+        import subprocess
+
+        for _ in range(self.n):
+            self.procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait()
+        self.procs = []
+        return False
+
+
 def mlx_lm_runner(model, tokenizer):
     def run(ids, temp, seed, max_tokens):
+        default_blas_threads()  # OpenBLAS as mlx_lm finds it in a process of its own
         mx.random.seed(seed)
         out, t_first = [], None
         for r in stream_generate(model, tokenizer, ids, max_tokens=max_tokens, sampler=make_sampler(temp=temp)):
@@ -325,7 +357,8 @@ def markdown(rows, meta, s, ms, context) -> str:
         f"Prompts: {', '.join(f'{c} {len(v)}' for c, v in meta['prompt_tokens'].items())}; "
         f"max {s['max_tokens']} tokens{' (EOS ignored)' if meta['ignore_eos'] else ', stop at EOS'}; "
         f"{s['repeats']} repeat(s); temps {', '.join(f'{t:g}' for t in temps)}; seed {s['seed']}.",
-        f"Machine: {meta['platform']}, {meta['cpus']} CPUs, device {meta['device']}, {meta['blas'] or 'BLAS: default'}; "
+        f"Machine: {meta['platform']}, {meta['cpus']} CPUs, device {meta['device']}, {meta['blas'] or 'BLAS: default'}"
+        f"{'; ' + str(meta['background_load']) + ' core(s) kept busy (--background-load)' if meta.get('background_load') else ''}; "
         f"mlx {meta['mlx']}, mlx_lm {meta['mlx_lm']}; {meta['date']}.",
         f"Target forward at context {context}: 1 token {ms[1]:.2f} ms"
         + (f", {L_max} tokens {ms[L_max]:.2f} ms ({ms[L_max] / ms[1]:.2f}x)." if L_max > 1 else "."),
@@ -439,6 +472,13 @@ def cmd_bench(a) -> int:
     fast, blas_msg = blas_status()
     if not fast:
         print(f"bench: warning: {blas_msg}", file=sys.stderr)
+    if s["background_load"]:
+        print(f"bench: keeping {s['background_load']} core(s) busy for the whole run (--background-load)", file=sys.stderr)
+    with BackgroundLoad(s["background_load"]):
+        return _bench(a, s, blas_msg)
+
+
+def _bench(a, s, blas_msg) -> int:
     model_path = resolve_model_path(a.model)
     target, tok = load_target(model_path)
     eos = set() if a.ignore_eos else set(tok.eos_token_ids)
@@ -522,7 +562,7 @@ def cmd_bench(a) -> int:
         "categories": s["categories"],
         "prompt_tokens": {c: [len(i) for i in v] for c, v in prompts.items()},
         "max_tokens": s["max_tokens"], "repeats": s["repeats"], "temps": s["temps"], "seed": s["seed"],
-        "ignore_eos": a.ignore_eos,
+        "ignore_eos": a.ignore_eos, "background_load": s["background_load"], "loadavg": os.getloadavg(),
         "mlx": mx.__version__, "mlx_lm": mlx_lm.__version__, "blas": blas_msg,
         "platform": platform.platform(), "cpus": os.cpu_count(), "device": str(mx.default_device()),
         "date": time.strftime("%Y-%m-%d %H:%M %Z"),

@@ -6,6 +6,9 @@ that change mlxspec's device decisions:
 - MLXSPEC_KERNELS=reference: the pure-MLX reference kernels even on a GPU (`mlxspec.kernels.backend`);
 - MLXSPEC_NATIVE_LOWBIT=0: low-bit GGUF weights repacked into MLX affine layers at load instead
   of kept as native blocks for the custom kernel (`mlxspec.targets.gguf.native_lowbit_enabled`);
+- MLXSPEC_BLAS_THREADS=auto|N (and OPENBLAS_NUM_THREADS): how many threads OpenBLAS's GEMMs
+  use on the CPU; `auto` (the default, unless OPENBLAS_NUM_THREADS is set) lets
+  `mlxspec.blas.ThreadGovernor` follow the load from other processes (`blas_threads_setting`);
 - MLXSPEC_OPENBLAS=PATH and MLXSPEC_NO_BLAS_REEXEC=1: which OpenBLAS the CLI preloads on Linux
   CPU, and not re-executing to preload it (`mlxspec.blas`; read before MLX is imported, so
   through `openblas_path` / `blas_reexec_disabled`, which never import it).
@@ -24,6 +27,7 @@ KERNELS_ENV = "MLXSPEC_KERNELS"
 NATIVE_LOWBIT_ENV = "MLXSPEC_NATIVE_LOWBIT"
 OPENBLAS_ENV = "MLXSPEC_OPENBLAS"
 NO_REEXEC_ENV = "MLXSPEC_NO_BLAS_REEXEC"
+BLAS_THREADS_ENV = "MLXSPEC_BLAS_THREADS"
 _OFF = ("0", "false", "no", "off")
 
 
@@ -72,3 +76,21 @@ def openblas_path() -> str | None:
 def blas_reexec_disabled() -> bool:
     """MLXSPEC_NO_BLAS_REEXEC set (does not import MLX)."""
     return bool(os.environ.get(NO_REEXEC_ENV))
+
+
+def blas_threads_setting() -> int | None:
+    """The BLAS thread count the user fixed: MLXSPEC_BLAS_THREADS=N, else OPENBLAS_NUM_THREADS
+    (read by OpenBLAS itself at load). None: automatic (MLXSPEC_BLAS_THREADS unset or `auto`)."""
+    for name in (BLAS_THREADS_ENV, "OPENBLAS_NUM_THREADS"):
+        v = os.environ.get(name, "").strip().lower()
+        if not v or (name == BLAS_THREADS_ENV and v == "auto"):
+            continue
+        try:
+            n = int(v)
+        except ValueError:
+            raise ValueError(f"{name}={v!r}: expected a positive thread count" +
+                             (" or 'auto'" if name == BLAS_THREADS_ENV else "")) from None
+        if n < 1:
+            raise ValueError(f"{name}={v!r}: expected a positive thread count")
+        return n
+    return None

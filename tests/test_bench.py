@@ -89,6 +89,8 @@ def test_bench_tiny_run(drafter_dir, tmp_path, capsys):
     (["--prompts-per-category", "99"], "--prompts-per-category 99: the code set has only"),
     (["--max-tokens", "1"], "--max-tokens 1: tokens/s needs at least 2 tokens"),
     (["--policies", "fixed,greedy"], "--policies: unknown verify policy 'greedy'"),
+    (["--background-load", "-1"], "--background-load -1: use 0.."),
+    (["--background-load", "999"], "--background-load 999: use 0.."),
     (["--model", "someone/Other-Model-4bit"],
      "--model someone/Other-Model-4bit: mlxspec ships no drafter for other-model; pass --draft PATH"),
 ])
@@ -102,3 +104,31 @@ def test_bench_not_a_drafter(smollm2_path, tmp_path, capsys):
     assert cli.main(["bench", "--draft", str(tmp_path), "--quick"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("mlxspec: error: ") and str(tmp_path) in err and err.count("\n") == 1
+
+
+def test_background_load_spins_and_always_stops():
+    """--background-load N: N spinning processes for the run, killed on exit even when the
+    bench fails."""
+    import time
+
+    from mlxspec.bench import BackgroundLoad
+
+    with pytest.raises(RuntimeError, match="bench failed"):
+        with BackgroundLoad(1) as load:
+            procs = list(load.procs)
+            t0 = time.monotonic()
+            time.sleep(0.1)  # the interpreter starts
+            c0 = _cpu_seconds(procs[0].pid)
+            time.sleep(0.6)
+            spun = _cpu_seconds(procs[0].pid) - c0
+            assert procs[0].poll() is None and spun > 0.1, f"spun {spun:.2f} s in {time.monotonic() - t0:.2f} s"
+            raise RuntimeError("bench failed")
+    assert procs[0].poll() is not None and load.procs == []
+
+
+def _cpu_seconds(pid: int) -> float:
+    import os
+
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

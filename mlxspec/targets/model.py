@@ -26,6 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlxspec.blas import govern
 from mlxspec.errors import MlxspecError
 from mlxspec.targets.lowbit_linear import NativeLowBitLinear
 from mlxspec.targets.rollback import REPLAY_MAX, TargetCache, cache_kind, slice_rows
@@ -218,6 +219,7 @@ class Target:
         caches of the layers above it are left behind: use it only on a throw-away cache.
         """
         taps = tuple(taps)
+        govern()  # OpenBLAS's thread count follows the host's load (mlxspec.blas.ThreadGovernor)
         if logits == "none":
             _, tap_out = self._run(lambda: self.inner(tokens, cache=cache), tokens, cache, taps, logits)
             return None, tap_out

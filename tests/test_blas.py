@@ -1,0 +1,99 @@
+"""OpenBLAS's thread governor (mlxspec.blas.ThreadGovernor): its choices under a simulated
+host load, and that the thread count it changes never changes the target's logits."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxspec import blas
+from mlxspec.blas import ThreadGovernor
+
+
+class Host:
+    """A simulated host: `others` cores busy outside this process, `mine` inside it."""
+
+    def __init__(self):
+        self.t = 0.0
+        self.busy = 0.0
+        self.me = 0.0
+        self.others = 0.0
+        self.mine = 1.0
+
+    def run(self, seconds):
+        self.t += seconds
+        self.busy += (self.others + self.mine) * seconds
+        self.me += self.mine * seconds
+
+    def sample(self):
+        return self.busy, self.me, self.t
+
+
+def _governor(host, cores=2):
+    applied = []
+    g = ThreadGovernor(period=0.5, cores=cores, sample=host.sample, apply=applied.append,
+                       clock=lambda: host.t)
+    return g, applied
+
+
+def test_quiet_host_uses_every_core_and_a_busy_core_drops_a_thread():
+    h = Host()
+    g, applied = _governor(h)
+    assert g.tick() is None  # the first sample only starts the clock
+    for _ in range(10):
+        h.run(0.1)
+        g.tick()
+    assert g.threads == 2 and applied == [2]
+    h.others = 1.0  # `yes > /dev/null` on one core
+    for _ in range(20):
+        h.run(0.1)
+        g.tick()
+    assert g.threads == 1 and applied == [2, 1] and g.changes == 1
+    h.others = 0.0  # the other job ends: the second thread comes back
+    for _ in range(30):
+        h.run(0.1)
+        g.tick()
+    assert g.threads == 2 and applied == [2, 1, 2]
+
+
+def test_samples_only_once_per_period():
+    h = Host()
+    calls = []
+
+    def sample():
+        calls.append(h.t)
+        return h.sample()
+
+    g = ThreadGovernor(period=0.5, cores=2, sample=sample, apply=lambda n: None, clock=lambda: h.t)
+    for _ in range(50):  # 50 forwards of 20 ms = 1 s
+        g.tick()
+        h.run(0.02)
+    assert 2 <= len(calls) <= 4
+
+
+@pytest.mark.parametrize("others,cores,threads", [(0.0, 2, 2), (0.3, 2, 2), (0.5, 2, 1), (1.0, 2, 1),
+                                                   (3.0, 2, 1), (1.0, 8, 7), (2.5, 8, 5), (0.0, 1, 1)])
+def test_choice(others, cores, threads):
+    assert ThreadGovernor(cores=cores, sample=lambda: None, apply=lambda n: None).choose(others) == threads
+
+
+def test_thread_count_leaves_logits_bitwise(smollm2):
+    """The governor may switch mid-generation: prefill, a decode step and an 8-row verify
+    give the same bits on 1 and 2 OpenBLAS threads."""
+    if blas._openblas() is None:
+        pytest.fail("OpenBLAS is not loaded: run the tests with scripts/test.sh (it preloads it)")
+    target, tok = smollm2
+    ids = tok.encode("def reverse(s):\n    return s[::-1]\n# Explain this code to a beginner")
+    outs = {}
+    try:
+        for th in (1, 2):
+            blas._set_threads(th)
+            c = target.make_cache()
+            res = [target(mx.array([ids[:-9]]), c, logits="all")[0],
+                   target(mx.array([ids[-9:-8]]), c, logits="all")[0],
+                   target(mx.array([ids[-8:]]), c, logits="all")[0]]
+            mx.eval(*res)
+            outs[th] = [np.array(r) for r in res]
+    finally:
+        blas._set_threads(blas._usable_cores())
+    for a, b in zip(outs[1], outs[2]):
+        assert np.array_equal(a, b)
