@@ -41,6 +41,14 @@ def add_train_args(p):
                         "prompts built from the training split and its continuations of corpus prefixes, greedy "
                         "and at T=0.7, anchors on the answers only (what is served; resumable); generated: "
                         "corpus prefixes continued greedily (older, not resumable)")
+    p.add_argument("--online", action="store_true",
+                   help="no store: each step runs the target on the next corpus windows (prefill, taps, top-k: what "
+                        "a store would hold) and trains on them; resumable at the next unseen window. A store costs "
+                        "5.8 kB per token (SmolLM2), so for 1e8+ tokens on a GPU this is the way; on a CPU the "
+                        "target's prefill dominates each step (docs/training.md)")
+    p.add_argument("--window-order", choices=("random", "sequential"), default=None,
+                   help="random: each window drawn at random from the store(s) (default offline); sequential: one "
+                        "store read in order, each window once per pass (what --online does)")
     p.add_argument("--regen-windows", type=int, default=2048,
                    help="regen mode: answers to collect (one window of --seq-len tokens each)")
     p.add_argument("--data-seconds", type=float, default=None,
@@ -150,6 +158,19 @@ def check_train_args(a) -> None:
             raise MlxspecError(f"--taps {a.taps!r}: layer numbers must be distinct and >= 0")
     if a.tokens is not None:
         _parse_kv(a.tokens)
+    if a.online:
+        if a.data is not None:
+            raise MlxspecError("--online: the target runs inside the training loop and keeps no store; drop --data")
+        if a.prepare_only:
+            raise MlxspecError("--online --prepare-only: online training prepares no store; drop one of them")
+        if a.data_mode != "corpus":
+            raise MlxspecError(f"--online --data-mode {a.data_mode}: online training reads corpus windows only; "
+                               f"prepare a {a.data_mode} store and train from it, or drop --data-mode")
+        if a.data_seconds is not None:
+            raise MlxspecError("--online: --data-seconds bounds store preparation; online there is none, drop it")
+        if a.window_order == "random":
+            raise MlxspecError("--online --window-order random: online training reads the windows in order "
+                               "(each once per pass); drop --window-order")
 
 
 def cmd_train(a) -> int:
@@ -178,11 +199,19 @@ def cmd_train(a) -> int:
     repo = hub_repo_of(target.info.source)  # a hub snapshot's directory name is its commit hash
     name = repo.replace("/", "--") if repo else Path(target.info.source).stem
     mix = parse_data_mix(a.data) if a.data else None
-    data = Path(mix[0][0]) if mix else (
-        cache_dir() / "shards" / f"{name}-{a.data_mode}-L{a.seq_len}-t{'_'.join(map(str, taps))}")
+    if a.online:
+        from mlxspec.train.online import OnlineCorpus
+
+        data = OnlineCorpus(target, tok, taps, a.seq_len, budget, batch=a.data_batch or 16, sources=sources,
+                            seed=a.seed)
+    else:
+        data = Path(mix[0][0]) if mix else (
+            cache_dir() / "shards" / f"{name}-{a.data_mode}-L{a.seq_len}-t{'_'.join(map(str, taps))}")
     meta = {"taps": taps, "seq_len": a.seq_len, "budget": budget, "model": target.info.source,
             "sources": sources or DEFAULT_SOURCES, "mode": a.data_mode}
-    if mix and len(mix) > 1:
+    if a.online:
+        pass  # no store: the trainer runs the target on each step's windows
+    elif mix and len(mix) > 1:
         for d, _ in mix:  # a mix trains on stores prepared before, each checked by the trainer
             if not (Path(d) / "meta.json").exists():
                 raise MlxspecError(f"--data {a.data}: {d} holds no prepared store; prepare each store first "
@@ -217,14 +246,15 @@ def cmd_train(a) -> int:
         seqs_per_step=a.seqs_per_step, anchors_per_seq=a.anchors_per_seq, lr=a.lr, warmup=a.warmup,
         seed=a.seed, taps=taps, loss=a.loss, warm_start=a.warm_start, max_windows=a.max_windows,
         response_only=not a.all_positions, compile=a.compile, init_from=a.init_from,
-        heldout_every=a.heldout_every,
+        heldout_every=a.heldout_every, window_order="sequential" if a.online else (a.window_order or "random"),
     )
     if a.heldout_every:
         tc.heldout = str(build_heldout(target, tok, taps, cache_dir() / "heldout" / f"{name}-t{'_'.join(map(str, taps))}"))
     out = Path(a.out)
     t0 = time.time()
     with writing("--out", out):
-        model, cfg, info = train(target, mix or str(data), str(out), tc, resume=not a.no_resume, force=a.force)
+        model, cfg, info = train(target, data if a.online else (mix or str(data)), str(out), tc,
+                                 resume=not a.no_resume, force=a.force)
     train_s = time.time() - t0
     with writing("--out", out):
         paths = export_all(model, cfg, out, target=target)

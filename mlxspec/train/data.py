@@ -109,6 +109,40 @@ def check_finite_taps(path, taps: np.ndarray, chunk: int = 64) -> None:
                            "(this version stores taps as bfloat16)")
 
 
+def corpus_plan(tokenizer, seq_len: int, tokens_per_category: dict[str, int], sources=None,
+                seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The corpus windows of a store, in its fixed order: (tokens int32 [N, L], category [N]).
+
+    Each category's budget of `seq_len` windows is cut from the training split
+    (`token_windows`), then all are shuffled together with `seed`, so any prefix is a mixed
+    dataset. `prepare_shards` writes this order; the online source (`train.online`) reads it."""
+    files = corpus_files(sources, "train")
+    windows, cats = [], []
+    for cat, budget in tokens_per_category.items():
+        w = token_windows([f for f in files if f.category == cat], tokenizer, seq_len, budget, seed)
+        windows.append(w.reshape(-1, seq_len))
+        cats += [cat] * len(w)
+    tokens = np.concatenate(windows)
+    if len(tokens) == 0:
+        raise MlxspecError(f"the training corpus gave no window of {seq_len} tokens; check the corpus sources "
+                           "(scripts/setup.sh installs python3.11-doc) or pass a smaller --seq-len")
+    order = np.random.default_rng(seed).permutation(len(tokens))
+    return tokens[order], np.asarray(cats)[order]
+
+
+def target_pass(target, tokens: np.ndarray, taps: list[int]) -> dict[str, np.ndarray]:
+    """What a store holds for windows `tokens` [b, L]: one batched causal prefill gives every
+    position's taps and the target's next-token top-k. Returns the stored arrays: taps
+    [b, L, T*H] uint16 (bfloat16 bits, `taps_to_store`), topk_ids [b, L, K] int32, topk_probs
+    [b, L, K] float16. `prepare_shards` writes them to disk; the online source
+    (`train.online`) feeds them to the training step directly."""
+    hid, tp = target.forward_hidden(mx.array(np.asarray(tokens)), taps)
+    ids, pk = next_token_topk(target.lm_head(hid))
+    mx.eval(tp, ids, pk)
+    return {"taps": taps_to_store(tp), "topk_ids": np.asarray(ids),
+            "topk_probs": np.asarray(pk.astype(mx.float16))}
+
+
 def _write_json_atomic(path: Path, obj) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(obj, indent=1))
@@ -161,16 +195,9 @@ def prepare_shards(
                                "pass a new --data directory (or the original settings to resume)")
         tokens = np.load(out / "tokens.npy", mmap_mode="r")
     else:
-        files = corpus_files(sources, "train")
-        windows, cats = [], []
-        for cat, budget in tokens_per_category.items():
-            w = token_windows([f for f in files if f.category == cat], tokenizer, seq_len, budget, seed)
-            windows.append(w.reshape(-1, seq_len))
-            cats += [cat] * len(w)
-        tokens = np.concatenate(windows)
-        order = np.random.default_rng(seed).permutation(len(tokens))
-        np.save(out / "tokens.npy", tokens[order])
-        np.save(out / "category.npy", np.asarray(cats)[order])
+        plan, cats = corpus_plan(tokenizer, seq_len, tokens_per_category, sources, seed)
+        np.save(out / "tokens.npy", plan)
+        np.save(out / "category.npy", cats)
         tokens = np.load(out / "tokens.npy", mmap_mode="r")
         n, TH = len(tokens), len(taps) * target.info.hidden_size
         from numpy.lib.format import open_memmap
@@ -192,19 +219,16 @@ def prepare_shards(
     while done < n:
         t0 = time.time()
         e = min(n, done + batch)
-        x = mx.array(np.asarray(tokens[done:e]))
-        hid, tp = target.forward_hidden(x, taps)
-        ids, pk = next_token_topk(target.lm_head(hid))
-        mx.eval(tp, ids, pk)
-        taps_mm[done:e] = taps_to_store(tp)
-        ids_mm[done:e] = np.asarray(ids)
-        p_mm[done:e] = np.asarray(pk.astype(mx.float16))
+        rows = target_pass(target, np.asarray(tokens[done:e]), taps)
+        taps_mm[done:e] = rows["taps"]
+        ids_mm[done:e] = rows["topk_ids"]
+        p_mm[done:e] = rows["topk_probs"]
         for m in (taps_mm, ids_mm, p_mm):
             m.flush()
         spent += time.time() - t0
+        bar.update((e - done) * seq_len)
         done = e
         _write_json_atomic(prog_p, {"done": done, "seconds": spent})
-        bar.update(x.size)
         if max_seconds is not None and time.time() - t_start >= max_seconds:
             break  # after at least one batch, so every call makes progress
     bar.close()

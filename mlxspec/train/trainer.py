@@ -12,6 +12,9 @@ Losses (k = 1-based draft index inside the block):
   exp(-(k-1)/4); Markov head teacher-forced on the label sequence.
 Labels: "target" = the target's own argmax / distribution at each position (what greedy
 verification accepts), or "corpus" = the raw next token (CE only).
+Data: a store on disk (`data.prepare_shards`, `regen`), or online (`online.OnlineCorpus`:
+the target runs inside the loop on the next windows, no store; equal to a store of the same
+windows read in order, `window_order="sequential"`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from mlxspec.targets.model import norm_scale
 from mlxspec.train.blocks import block_logits, draft_choice
 from mlxspec.train.data import load_shards, taps_from_store
 from mlxspec.train.heldout import frozen_for, heldout_tau
+from mlxspec.train.online import ONLINE_KIND
 
 
 @dataclass
@@ -76,6 +80,8 @@ class TrainConfig:
     init_from: str | None = None  # a drafter export to start from (same shape; its draft vocabulary is kept)
     heldout: str | None = None  # a `train.heldout` store: held-out tau every `heldout_every` steps (budget curve)
     heldout_every: int = 0
+    window_order: str = "random"  # random: windows drawn with replacement | sequential: in the store's order (online's)
+    history_every: int = 25  # a history entry (loss, metrics, rates) every N steps
     taps: list = field(default_factory=list)
 
 
@@ -135,11 +141,30 @@ def make_drafter_config(tc: TrainConfig, target_info, target_cfg: dict) -> Draft
     )
 
 
+class StoreWindows:
+    """One store read in order: `take(cursor, n)` gives windows cursor .. cursor+n-1 modulo
+    its length (the interface of `online.OnlineCorpus`)."""
+
+    def __init__(self, arrays: dict):
+        self.arrays = arrays
+        self.limit = len(arrays["tokens"])
+
+    def __getitem__(self, k):
+        return self.arrays[k]
+
+    def take(self, cursor: int, n: int) -> dict[str, np.ndarray]:
+        idx = np.asarray([(cursor + r) % self.limit for r in range(n)])
+        return {k: np.asarray(v[idx]) for k, v in self.arrays.items()}
+
+
 class Batcher:
     """Samples windows and anchors; builds the label tensors (numpy).
 
     `stores` is a list of (arrays, weight): each window of a step comes from store i with
-    probability weight_i (`--data A:0.5,B:0.5`). Anchors of a window lie in its supervised
+    probability weight_i (`--data A:0.5,B:0.5`). With `window_order="sequential"` (one store)
+    or an online source (anything with `take(cursor, n)`, `limit`), a step takes the next
+    windows in order instead: `cursor` counts the windows taken, and `state()` / `restore()`
+    carry it and the anchor sampler across a resume. Anchors of a window lie in its supervised
     range: [max(1, start), end - block] where a regenerated store (`train.regen`) gives
     `start` (the first response token) and `end` (one past its last valid token), and a
     corpus store the whole window. `anchors_per_seq` = 0 takes every valid anchor (dense
@@ -147,14 +172,23 @@ class Batcher:
     step's K are padded with masked ones (`aval`), so every step has one shape."""
 
     def __init__(self, stores, tc: TrainConfig, t2d: np.ndarray, seed: int):
-        if isinstance(stores, dict):
+        self.source = None
+        if hasattr(stores, "take"):
+            self.source, stores = stores, []
+        elif isinstance(stores, dict):
             stores = [(stores, 1.0)]
+        if self.source is None and tc.window_order == "sequential":
+            if len(stores) != 1:
+                raise MlxspecError(f"window order sequential reads one store in order; got {len(stores)} stores "
+                                   "(draw a mix at random, or train on one store)")
+            self.source = StoreWindows(stores[0][0])
         self.stores = [s for s, _ in stores]
         w = np.asarray([float(x) for _, x in stores])
-        self.p = w / w.sum()
+        self.p = w / w.sum() if len(w) else w
         self.tc, self.t2d = tc, t2d
         self.rng = np.random.default_rng(seed)
-        self.L = self.stores[0]["tokens"].shape[1]
+        self.cursor = 0
+        self.L = (self.source if self.source is not None else self.stores[0])["tokens"].shape[1]
         self.B = tc.block_size
         self.K = tc.anchors_per_seq or max(1, self.L - self.B - 2)
         self.windows_read = 0
@@ -167,9 +201,34 @@ class Batcher:
         end = int(s["end"][i]) if "end" in s else L
         return lo, max(lo, min(end - B + 1, L - B - 1))  # [lo, hi): rows' labels stay < end
 
+    def state(self) -> dict:
+        return {"cursor": self.cursor, "rng": self.rng.bit_generator.state}
+
+    def restore(self, state: dict) -> None:
+        self.cursor = int(state["cursor"])
+        self.rng.bit_generator.state = state["rng"]
+
+    def _next_rows(self) -> list:
+        """The step's windows in order (sequential / online): the next S after the cursor."""
+        S = self.tc.seqs_per_step
+        s = self.source.take(self.cursor, S)
+        rows = []
+        for r in range(S):
+            lo, hi = self._range(s, r)
+            rows.append((s, r, lo, hi))
+            w = (self.cursor + r) % self.source.limit
+            if w not in self.seen:
+                self.seen.add(w)
+                self.distinct_tokens += max(0, hi - lo)
+        self.cursor += S
+        return rows
+
     def __call__(self):
         tc, L, B, K, S = self.tc, self.L, self.B, self.K, self.tc.seqs_per_step
         layout = Layout(tc.sample_from_anchor, B)
+        if self.source is not None:
+            self.windows_read += S
+            return self._build(self._next_rows(), layout)
         which = self.rng.choice(len(self.stores), S, p=self.p)
         rows = []
         for si in which:
@@ -184,6 +243,11 @@ class Batcher:
                 self.seen.add((int(si), i))
                 self.distinct_tokens += max(0, hi - lo)
         self.windows_read += S
+        self.cursor += S
+        return self._build(rows, layout)
+
+    def _build(self, rows, layout):
+        tc, L, B, K, S = self.tc, self.L, self.B, self.K, self.tc.seqs_per_step
         anchors = np.zeros((S, K), np.int64)
         aval = np.zeros((S, K), bool)
         for r, (_, _, lo, hi) in enumerate(rows):
@@ -306,25 +370,57 @@ def train(
     resume: bool = True,
     log=print,
     force: bool = False,
+    stop_after: int | None = None,
 ) -> tuple[DFlashModel, DrafterConfig, dict]:
     """Train a drafter; checkpoints in out_dir/ckpt; returns (model, config, history).
 
-    A checkpoint in out_dir is resumed only when its settings match `tc` (`check_out_dir`);
-    a non-empty out_dir without one is refused unless `force`."""
+    `shards_dir`: a store directory, a mix (`parse_data_mix`), or an online source
+    (`online.OnlineCorpus`: the target runs in the loop, windows in order). A checkpoint in
+    out_dir is resumed only when its settings match `tc` (`check_out_dir`) and, online, its
+    data (the same plan of windows: it continues at the recorded cursor); a non-empty
+    out_dir without one is refused unless `force`. `stop_after`: stop (and checkpoint)
+    after that step, as if interrupted; a later call resumes."""
 
     out = Path(out_dir)
+    online = hasattr(shards_dir, "take")
+    if online:
+        source = shards_dir
+        if tc.taps and list(tc.taps) != list(source.taps):
+            raise MlxspecError(f"online data: the source's taps {source.taps} differ from the run's {list(tc.taps)}")
+        tc.taps, tc.window_order = list(source.taps), "sequential"  # online reads the windows in order
     check_out_dir(out, tc, resume, force)
+    ck = out / "ckpt" / "state.json"
+    ck_state = json.loads(ck.read_text()) if resume and ck.exists() else None
+    ck_data = (ck_state or {}).get("data") or {}
+    if online:
+        source.set_limit(tc.max_windows)
+        want = json.loads(json.dumps(source.settings()))
+        if ck_state is not None and ck_data.get("source") != want:
+            had = ck_data.get("source") or {}
+            diff = [k for k in want if had.get(k) != want[k]] if had.get("kind") == ONLINE_KIND else ["kind (a store)"]
+            raise MlxspecError(f"--out {out} holds a checkpoint trained on other data ({', '.join(diff)}); pass the "
+                               "same --tokens/--seq-len/--corpus/--seed to resume it, or a new --out")
+        stores, n_windows, data_desc = source, source.limit, want
+        vocab_sample = source.vocabulary_sample
+    else:
+        if (ck_data.get("source") or {}).get("kind") == ONLINE_KIND:
+            raise MlxspecError(f"--out {out} holds a checkpoint of an online run; pass --online (and its data flags) "
+                               "to resume it, or a new --out")
+        mix = parse_data_mix(shards_dir)
+        stores = [(load_shards(d, tc.max_windows), w) for d, w in mix]
+        metas = [json.loads((Path(d) / "meta.json").read_text()) for d, _ in mix if (Path(d) / "meta.json").exists()]
+        if len({tuple(m["taps"]) for m in metas}) > 1 or len({s["tokens"].shape[1] for s, _ in stores}) > 1:
+            raise MlxspecError(f"--data {shards_dir}: the stores were prepared with different taps or window lengths; "
+                               "mix only stores of one target, taps and --seq-len")
+        if not tc.taps:
+            tc.taps = metas[0]["taps"] if metas else []
+        n_windows = sum(len(s["tokens"]) for s, _ in stores)
+        data_desc = {"kind": "store", "data": [d for d, _ in mix]}
+
+        def vocab_sample():
+            return {k: np.concatenate([np.asarray(s[k][..., 0]) if k == "topk_ids" else np.asarray(s[k])
+                                       for s, _ in stores]) for k in ("tokens", "topk_ids")}
     (out / "ckpt").mkdir(parents=True, exist_ok=True)
-    mix = parse_data_mix(shards_dir)
-    stores = [(load_shards(d, tc.max_windows), w) for d, w in mix]
-    metas = [json.loads((Path(d) / "meta.json").read_text()) for d, _ in mix if (Path(d) / "meta.json").exists()]
-    if len({tuple(m["taps"]) for m in metas}) > 1 or len({s["tokens"].shape[1] for s, _ in stores}) > 1:
-        raise MlxspecError(f"--data {shards_dir}: the stores were prepared with different taps or window lengths; "
-                           "mix only stores of one target, taps and --seq-len")
-    if not tc.taps:
-        tc.taps = metas[0]["taps"] if metas else []
-    shards = {k: np.concatenate([np.asarray(s[k][..., 0]) if k == "topk_ids" else np.asarray(s[k]) for s, _ in stores])
-              for k in ("tokens", "topk_ids")}
     V = target.info.vocab_size
     cfg = make_drafter_config(tc, target.info, target.config)
     init = None
@@ -342,8 +438,11 @@ def train(
                                "pass matching flags")
     if init is not None and cfg.draft_vocab_size:
         d_ids = (np.asarray(init.d2t) + np.arange(cfg.draft_vocab_size)).astype(np.int32)
+    elif cfg.draft_vocab_size and ck_state is not None:  # the checkpoint's own (its store may have grown since)
+        d2t = mx.load(str(out / "ckpt" / "model.safetensors"))["d2t"]
+        d_ids = (np.asarray(d2t) + np.arange(cfg.draft_vocab_size)).astype(np.int32)
     elif cfg.draft_vocab_size:
-        d_ids = draft_vocabulary(shards, V, tc.draft_vocab)
+        d_ids = draft_vocabulary(vocab_sample(), V, tc.draft_vocab)
     else:
         d_ids = np.arange(V, dtype=np.int32)
     t2d = np.full(V, -1, np.int32)
@@ -390,9 +489,8 @@ def train(
 
     opt = optim.AdamW(learning_rate=tc.lr, weight_decay=tc.weight_decay)
     start, history = 0, []
-    ck = out / "ckpt" / "state.json"
-    if resume and ck.exists():
-        st = json.loads(ck.read_text())
+    if ck_state is not None:
+        st = ck_state
         model.load_weights(str(out / "ckpt" / "model.safetensors"), strict=False)
         opt_state = mx.load(str(out / "ckpt" / "optimizer.safetensors"))
         from mlx.utils import tree_unflatten
@@ -403,8 +501,18 @@ def train(
     prior_blocks = float(history[-1].get("supervised_blocks", 0.0)) if history else 0.0
     prior_windows = start * tc.seqs_per_step
     prior_distinct = max([h.get("distinct_tokens", 0) for h in history] or [0])  # windows re-drawn after a resume count again
+    prior_target = int(ck_data.get("target_tokens", 0))
     batcher = Batcher(stores, tc, t2d, tc.seed + start)
-    n_windows = sum(len(s["tokens"]) for s, _ in stores)
+    if "cursor" in ck_data:  # continue the data where it stopped: the next unseen windows, the same anchor draws
+        batcher.restore(ck_data)
+    else:
+        batcher.cursor = prior_windows
+    end = tc.steps if stop_after is None else max(start, min(tc.steps, int(stop_after)))
+
+    def data_state() -> dict:
+        done = prior_target + (source.target_tokens if online else 0)
+        return {"source": data_desc, **batcher.state(), "target_tokens": done}
+
     lvg = nn.value_and_grad(model, lambda m, b: loss_fn(m, frozen, b, tc))
     state = [model.state, opt.state]
 
@@ -417,7 +525,8 @@ def train(
     if tc.compile:  # every step has one shape (Batcher pads anchors), so one compiled graph serves all
         step_fn = partial(mx.compile, inputs=state, outputs=state)(step_fn)
     blocks = 0.0
-    bar = tqdm(range(start, tc.steps), initial=start, total=tc.steps, desc=f"train {tc.lineage}", unit="step")
+    bar = tqdm(range(start, end), initial=start, total=tc.steps, desc=f"train {tc.lineage}{' online' if online else ''}",
+               unit="step")
     t0, ema = time.time(), None
 
     def heldout_point(step_done: int, el: float) -> None:
@@ -445,16 +554,20 @@ def train(
         el = time.time() - t0
         rate = blocks / max(el, 1e-9)
         passes = (prior_windows + batcher.windows_read) / n_windows
+        extra = {}
+        if online:  # the target's share: prefill tokens per second of target time
+            extra["target_tok_s"] = source.target_tokens / max(source.target_seconds, 1e-9)
         bar.set_postfix(loss=f"{ema:.3f}", acc=f"{float(metrics['acc']):.2f}", blocks_s=f"{rate:.0f}",
-                        passes=f"{passes:.2f}")
-        if step % 25 == 0 or step == tc.steps - 1:
+                        passes=f"{passes:.2f}", **{k: f"{v:.0f}" for k, v in extra.items()})
+        if step % tc.history_every == 0 or step == tc.steps - 1 or step == end - 1:
             history.append({"step": step, "loss": lv, **{k: float(v) for k, v in metrics.items()},
                             "lr": float(lr_at(step)), "elapsed_s": el, "blocks_per_s": rate,
-                            "supervised_blocks": prior_blocks + blocks, "window_passes": passes})
+                            "supervised_blocks": prior_blocks + blocks, "window_passes": passes,
+                            "windows": batcher.cursor, **extra})
         if tc.heldout and tc.heldout_every and ((step + 1) % tc.heldout_every == 0 or step == tc.steps - 1):
             heldout_point(step + 1, el)
-        if (step + 1) % tc.checkpoint_every == 0 or step == tc.steps - 1:
-            _checkpoint(out, model, opt, step + 1, history, tc, cfg)
+        if (step + 1) % tc.checkpoint_every == 0 or step == end - 1:
+            _checkpoint(out, model, opt, step + 1, history, tc, cfg, data_state())
     bar.close()
     return model, cfg, {"history": history, "train_config": asdict(tc), "draft_ids": d_ids}
 
@@ -506,7 +619,8 @@ def check_out_dir(out: Path, tc: TrainConfig, resume: bool, force: bool) -> None
             raise MlxspecError(f"{state}: the checkpoint state is unreadable; pass --no-resume --force to start over, "
                                "or a new --out") from None
         new = asdict(tc)
-        diff = [k for k in new if k not in ("steps", "checkpoint_every", "compile", "heldout", "heldout_every") and (k != "taps" or new[k])
+        diff = [k for k in new if k not in ("steps", "checkpoint_every", "compile", "heldout", "heldout_every",
+                                            "history_every") and (k != "taps" or new[k])
                 and json.loads(json.dumps(new[k])) != old.get(k, new[k])]
         if diff:
             shown = ", ".join(f"{k} {old.get(k)!r} there, {new[k]!r} here" for k in diff[:4])
@@ -529,9 +643,10 @@ def _atomic(path: Path, write) -> None:
             tmp.unlink()
 
 
-def _checkpoint(out: Path, model, opt, step, history, tc, cfg):
+def _checkpoint(out: Path, model, opt, step, history, tc, cfg, data=None):
     ck = out / "ckpt"
     _atomic(ck / "model.safetensors", model.save_weights)
     _atomic(ck / "optimizer.safetensors", lambda p: mx.save_safetensors(p, dict(tree_flatten(opt.state))))
-    state = json.dumps({"step": step, "history": history, "train_config": asdict(tc), "drafter_config": cfg.to_dict()})
+    state = json.dumps({"step": step, "history": history, "train_config": asdict(tc), "drafter_config": cfg.to_dict(),
+                        "data": data})
     _atomic(ck / "state.json", lambda p: Path(p).write_text(state))
