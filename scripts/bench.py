@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The same as `mlxspec bench` (the code is mlxspec/bench.py); see `--help`.
+"""The same as `mlxspec bench` (the code is the mlxspec/bench/ package); see `--help`.
 
     python scripts/bench.py --quick
     python scripts/bench.py --out runs/bench

@@ -1,0 +1,134 @@
+"""The engines bench times: a runner is run(ids, temp, seed, max_tokens) -> (tokens, seconds
+from the first token to the last, SpecStats | None), and `time_config` drives one over the
+run's prompts, temperatures and repeats."""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+from mlx_lm.generate import stream_generate
+from mlx_lm.sample_utils import make_sampler
+
+from mlxspec.api import Speculator
+from mlxspec.blas import default_blas_threads
+from mlxspec.drafters.load import load_drafter
+from mlxspec.drafters.model import DFlashModel
+from mlxspec.engine.drafting import BlockDrafter
+from mlxspec.engine.loop import SpecStats
+from mlxspec.engine.verify import SamplingParams
+from mlxspec.targets.convert import cached_mlx_copy
+from mlxspec.targets.load import default_dense, resolve_model_path
+
+def mlx_lm_dir(model: str | None, root: str | None) -> Path:
+    """The target as an MLX directory mlx_lm loads (float32 on CPU, the lossless repack
+    on Metal/CUDA); shared with scripts/bench_ar.py through `cached_mlx_copy`."""
+    src = Path(resolve_model_path(model))
+    if src.is_dir():
+        return src
+    return cached_mlx_copy(str(src), "float32" if default_dense() else "keep", root)
+
+
+def mlxspec_runner(target, eos, speculator: Speculator | None = None):
+    """mlxspec through the API: `Speculator.session` (a new drafter and verify policy per
+    request, as generate makes them); no speculator: autoregressive."""
+    spec = speculator or Speculator()
+
+    def run(ids, temp, seed, max_tokens):
+        st = SpecStats()
+        out, t_first = [], None
+        for step in spec.session(target, ids, max_tokens=max_tokens, sampling=SamplingParams(temp), seed=seed,
+                                 eos_ids=eos, stats=st):
+            if t_first is None:
+                t_first = time.perf_counter()
+            out += step
+        return out, time.perf_counter() - t_first, st
+
+    return run
+
+
+def random_weights(spec, path, target):
+    """The same drafter architecture with random weights: what the adaptive policy must
+    survive (a drafter that is never right must cost at most a few percent)."""
+    model, cfg = load_drafter(path, target.info)
+    mx.random.seed(0)
+    rnd = DFlashModel(cfg)
+    if cfg.draft_vocab_size:
+        rnd.d2t = model.d2t
+    mx.eval(rnd.parameters())
+    return Speculator(drafter_factory=lambda t: BlockDrafter(rnd, t), spec_type=spec.spec_type, p_min=None, schedule=False, num_draft_tokens=None,
+                      description=f"{spec.description} (random weights)", policy=spec.policy)
+
+
+class BackgroundLoad:
+    """`n` processes that spin on a core each for the duration of a `with` block: the bench on
+    a shared machine (an editor, a build, another model), reproducibly. They are killed on
+    exit, also when the bench fails or is interrupted."""
+
+    def __init__(self, n: int):
+        self.n, self.procs = n, []
+
+    def __enter__(self):
+        import subprocess
+
+        for _ in range(self.n):
+            self.procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait()
+        self.procs = []
+        return False
+
+
+def mlx_lm_runner(model, tokenizer):
+    def run(ids, temp, seed, max_tokens):
+        default_blas_threads()  # OpenBLAS as mlx_lm finds it in a process of its own
+        mx.random.seed(seed)
+        out, t_first = [], None
+        for r in stream_generate(model, tokenizer, ids, max_tokens=max_tokens, sampler=make_sampler(temp=temp)):
+            if t_first is None:
+                t_first = time.perf_counter()
+            out.append(int(r.token))
+        return out, time.perf_counter() - t_first, None
+
+    return run
+
+
+def time_config(label, run, s, prompts, bar, resident_elsewhere: int = 0) -> dict:
+    """Warm up, then every (temp, repeat, prompt) of one configuration.
+    -> {temp: {"tps": {cat: [[per repeat] per prompt]}, "stats": {cat: [SpecStats]}, "tokens": {cat: [...]}, "peak": bytes}}"""
+    res = {}
+    first = prompts[s["categories"][0]][0]
+    for temp in s["temps"]:
+        bar.set_postfix_str(f"{label} T={temp:g}")
+        gc.collect()
+        mx.reset_peak_memory()
+        run(first, temp, s["seed"], 8)  # warm-up: kernels, allocator
+        r = {"tps": {}, "stats": {}, "tokens": {}}
+        for c in s["categories"]:
+            r["tps"][c] = [[] for _ in prompts[c]]
+            r["stats"][c] = []  # one SpecStats per generation
+            r["tokens"][c] = [None] * len(prompts[c])
+        for rep in range(s["repeats"]):
+            k = 0  # prompt index over all categories: its seed
+            for c in s["categories"]:
+                for i, ids in enumerate(prompts[c]):
+                    out, dt, st = run(ids, temp, s["seed"] + k, s["max_tokens"])
+                    r["tps"][c][i].append((len(out) - 1) / dt if len(out) > 1 and dt > 0 else None)
+                    if st is not None:
+                        r["stats"][c].append(st)
+                    if rep == 0:
+                        r["tokens"][c][i] = out
+                    k += 1
+                    bar.update(1)
+        r["peak"] = mx.get_peak_memory() - resident_elsewhere
+        res[temp] = r
+    return res
