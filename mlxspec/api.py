@@ -24,7 +24,7 @@ from mlxspec.drafters.registry import describe, identify, lookup
 from mlxspec.engine.drafting import BlockDrafter, NoDrafter, SimpleDrafter
 from mlxspec.engine.loop import SpecStats, generate_steps
 from mlxspec.engine.ngram import LookupBlockDrafter, NgramDrafter
-from mlxspec.engine.policy import PolicyMemory, VerifyPolicy
+from mlxspec.engine.policy import FixedLength, LengthPolicy, PolicyMemory, VerifyPolicy, compose
 from mlxspec.engine.profile import verify_profile
 from mlxspec.engine.verify import SamplingParams
 from mlxspec.errors import MlxspecError
@@ -127,11 +127,10 @@ class Speculator:
         API, the server, evaluate, bench, distributed) runs requests through here."""
         target = as_target(target)
         drafter = self.make_drafter(target) if drafter is None else drafter
-        sched = profile_for(target, drafter) if self.schedule else None
         policy = make_policy(target, drafter, self, sampling.temperature)
         return generate_steps(target, prompt_ids, drafter=drafter, max_tokens=max_tokens, sampling=sampling, seed=seed,
-                              eos_ids=eos_ids, p_min=self.p_min, scheduler=sched, max_drafts=self.num_draft_tokens,
-                              stats=stats, check_invariants=check_invariants, cache=cache, policy=policy)
+                              eos_ids=eos_ids, policy=policy, stats=stats, check_invariants=check_invariants,
+                              cache=cache)
 
 
 @dataclass
@@ -421,13 +420,16 @@ def footer(r: GenerationResponse) -> str:
     return "\n".join(lines)
 
 
-def make_policy(target: Target, drafter, spec: Speculator, temp: float = 0.0):
-    """The adaptive verify-length policy of one request, or None (fixed lengths). It starts
-    from what the speculator's previous request at the same kind of sampling learned."""
-    if spec.policy != "adaptive" or isinstance(drafter, NoDrafter) or drafter.max_drafts <= 0:
-        return None
-    key = "greedy" if temp == 0 else f"temp={temp:g}"
-    return spec.memory.policy(key, lambda: VerifyPolicy.from_profile(profile_for(target, drafter), drafter.max_drafts))
+def make_policy(target: Target, drafter, spec: Speculator, temp: float = 0.0) -> LengthPolicy:
+    """The verify-length policy of one request (`mlxspec.engine.policy`): adaptive (starting
+    from what the speculator's previous request at the same kind of sampling learned) or
+    fixed (at most num_draft_tokens), inside --schedule and --p-min."""
+    if spec.policy == "adaptive" and drafter.max_drafts > 0:
+        key = "greedy" if temp == 0 else f"temp={temp:g}"
+        base = spec.memory.policy(key, lambda: VerifyPolicy.from_profile(profile_for(target, drafter), drafter.max_drafts))
+    else:
+        base = FixedLength(spec.num_draft_tokens)
+    return compose(base, p_min=spec.p_min, schedule=profile_for(target, drafter) if spec.schedule else None)
 
 
 def profile_for(target: Target, drafter) -> dict[int, float]:

@@ -22,7 +22,9 @@ from mlxspec.drafters.model import DFlashModel
 from mlxspec.targets.model import Target
 from mlxspec.engine import loop as engine
 from mlxspec.engine.drafting import BlockDrafter, DraftOutput, SimpleDrafter
-from mlxspec.engine.loop import InvariantError, SpecStats, choose_verify_length, generate_steps, truncate_p_min
+from mlxspec.engine.loop import InvariantError, SpecStats, generate_steps
+from mlxspec.engine.policy import (ConfidenceCut, ConfidenceSchedule, FixedLength, choose_verify_length,
+                                   truncate_p_min)
 from mlxspec.engine.verify import SamplingParams, probs_from_logits, sample_token
 
 MAX = 24
@@ -160,7 +162,7 @@ def test_greedy_self_drafting_accepts_everything(sm):
 def test_greedy_max_drafts_caps_the_block(sm):
     target, ids, ar = sm
     stats = SpecStats()
-    out = run(target, ids, SimpleDrafter(target, 4), max_tokens=12, max_drafts=2, stats=stats)
+    out = run(target, ids, SimpleDrafter(target, 4), max_tokens=12, policy=FixedLength(2), stats=stats)
     assert out == ar[:12]
     assert max(stats.verify_lengths) == 3
 
@@ -417,8 +419,8 @@ def test_engine_verifies_the_truncated_length(sm, mode):
     rec = ConfRecorder(BlockDrafter(m, target))
     stats = SpecStats()
     sps = {1: 10.0, 2: 9.5, 3: 9.0, 4: 8.0, 5: 7.0, 6: 6.5, 7: 6.0}
-    kw = {"p_min": 0.5} if mode == "p_min" else {"scheduler": sps}
-    out = run(target, ids, rec, max_tokens=14, stats=stats, **kw)
+    policy = ConfidenceCut(0.5, FixedLength()) if mode == "p_min" else ConfidenceSchedule(sps, FixedLength())
+    out = run(target, ids, rec, max_tokens=14, stats=stats, policy=policy)
     assert out == ar[:14]
     if mode == "p_min":
         want = [1 + truncate_p_min(c, 0.5) for c in rec.confs]

@@ -3,7 +3,10 @@
 One function, `generate_steps`, drives any `Drafter`. Per step:
   1. draft: the drafter proposes up to n tokens after the anchor (one forward for
      block drafters, plus the Markov chain for DSpark);
-  2. optional truncation: `p_min` cut or the confidence scheduler;
+  2. truncation: the verify-length policy (one `mlxspec.engine.policy.LengthPolicy`: fixed,
+     the p_min cut, the confidence schedule or adaptive) plans before drafting (from
+     history only: an autoregressive step, prompt lookup or the drafter) and truncates
+     after (`mlxspec.engine.step.propose`);
   3. verify: ONE target forward over [anchor, d_1..d_n] (with taps);
   4. accept: `accept_greedy` / `accept_sampled` (pure functions in verify.py);
   5. commit the accepted drafts plus the bonus; trim the target cache back to the
@@ -26,8 +29,8 @@ import mlx.core as mx
 import numpy as np
 
 from mlxspec.engine.drafting import Drafter, NoDrafter
-from mlxspec.engine.ngram import NgramDrafter, lookup_output
-from mlxspec.engine.policy import VerifyPolicy
+from mlxspec.engine.policy import FixedLength, LengthPolicy
+from mlxspec.engine.step import propose, record
 from mlxspec.engine.verify import (
     SamplingParams,
     accept_greedy,
@@ -133,36 +136,6 @@ class SpecStats:
         }
 
 
-def choose_verify_length(confidence: list[float], sps: dict[int, float]) -> int:
-    """The confidence scheduler: how many drafts to verify.
-
-    Survival a_j = prod_{i<=j} c_i estimates P(first j drafts all accepted); verifying l
-    drafts yields (1 + sum_{j<=l} a_j) tokens per step at SPS(1 + l) steps/s. Admit drafts
-    in order and stop at the first non-improvement (the prefix rule keeps it lossless:
-    the choice depends only on drafts, never on the target's answer).
-    """
-    best_l, best = 0, sps.get(1, 1.0)
-    surv, expected = 1.0, 1.0
-    for l, c in enumerate(confidence, start=1):
-        if l + 1 not in sps:
-            break
-        surv *= c
-        expected += surv
-        val = expected * sps[l + 1]
-        if val <= best:
-            break
-        best_l, best = l, val
-    return best_l
-
-
-def truncate_p_min(confidence: list[float], p_min: float) -> int:
-    """Cut the draft at the first position whose confidence is below p_min."""
-    for i, c in enumerate(confidence):
-        if c < p_min:
-            return i
-    return len(confidence)
-
-
 def generate_steps(
     target: Target,
     prompt_ids: list[int],
@@ -172,17 +145,17 @@ def generate_steps(
     sampling: SamplingParams = SamplingParams(),
     seed: int | None = 0,
     eos_ids: set[int] | frozenset = frozenset(),
-    p_min: float | None = None,
-    scheduler: dict[int, float] | None = None,
-    max_drafts: int | None = None,
+    policy: LengthPolicy | None = None,
     stats: SpecStats | None = None,
     check_invariants: bool = True,
     cache: list | None = None,
-    policy: VerifyPolicy | None = None,
 ) -> Iterator[list[int]]:
     """Yield the tokens committed at each step (the first yield is the prefill's token).
 
     Stops after an EOS token (included), or at max_tokens.
+
+    policy: how many drafts each step verifies (`mlxspec.engine.policy`; `Speculator.session`
+    builds a request's; None: the drafter's full proposal every step, `FixedLength`).
 
     cache: a target cache to continue instead of a fresh one (the server's prompt cache):
     it already holds the first cache_length(cache) tokens of prompt_ids (fewer than all
@@ -191,6 +164,7 @@ def generate_steps(
     updated in place.
     """
     drafter = drafter or NoDrafter()
+    policy = FixedLength() if policy is None else policy
     stats = stats if stats is not None else SpecStats()
     rng = np.random.default_rng(seed)
     taps = tuple(drafter.taps)
@@ -213,36 +187,16 @@ def generate_steps(
         stats.gen_time = time.perf_counter() - t_gen
         return
     anchor, produced = first, 1
-    limit = drafter.max_drafts if max_drafts is None else min(max_drafts, drafter.max_drafts)
 
     while produced < max_tokens:
         if check_invariants:
             _check(target, cache, drafter, len(prompt_ids) + produced - 1)
-        # 1. draft (never more than can still be committed: the bonus takes one slot)
-        n = min(limit, max_tokens - produced - 1)
+        # 1-2. draft and truncate, as the policy chooses (never more than can still be
+        # committed: the bonus takes one slot)
         td = time.perf_counter()
-        source, d, conf = "drafter", None, None
-        if policy is not None and n > 0:
-            # the policy picks from history only: autoregressive, the free lookup, or the drafter
-            lookup, match_n = drafter.lookup(anchor, n) if hasattr(drafter, "lookup") else ([], 0)
-            plan = policy.plan(n, len(lookup), has_drafter=not isinstance(drafter, NgramDrafter),
-                               lookup_source=f"lookup{match_n}")
-            source, n = plan.source, plan.n
-            if source.startswith("lookup"):
-                d = lookup_output(lookup[:n], sampling, target.info.vocab_size)
-        if d is None and source != "none" and n > 0:
-            d = drafter.draft(anchor, n, sampling, rng)
-        drafts = list(d.tokens[:n]) if d else []
-        t_drafted = time.perf_counter() - td
-        # 2. truncation by confidence (p_min, --schedule) or by the policy
-        if d is not None and d.confidence is not None and drafts:
-            conf = d.confidence[: len(drafts)]
-            if p_min is not None:
-                drafts = drafts[: truncate_p_min(conf, p_min)]
-            if scheduler:
-                drafts = drafts[: choose_verify_length(conf[: len(drafts)], scheduler)]
-        if policy is not None and drafts:
-            drafts = drafts[: policy.truncate(source, len(drafts), conf, sampling.greedy)]
+        pr = propose(drafter, policy, anchor, min(drafter.max_drafts, max_tokens - produced - 1), sampling, rng,
+                     target.info.vocab_size)
+        drafts = pr.drafts
         stats.draft_time += time.perf_counter() - td
         # 3. verify [anchor, drafts] in one forward
         tv = time.perf_counter()
@@ -260,7 +214,7 @@ def generate_steps(
             t_verified = time.perf_counter() - tv
             p_np = np.asarray(p)
             if drafts:
-                q = np.asarray(d.probs[: len(drafts)])
+                q = np.asarray(pr.d.probs[: len(drafts)])
                 a, nxt = accept_sampled(drafts, q, p_np, rng)
             else:
                 a, nxt = 0, sample_token(p_np[0], rng)
@@ -271,17 +225,7 @@ def generate_steps(
         else:
             drafter.accept([anchor] + drafts[:a], None)
         stats.verify_time += time.perf_counter() - tv
-        stats.target_forwards += 1
-        stats.verify_lengths.append(len(drafts) + 1)
-        stats.record(len(drafts), a)
-        if drafts:  # who proposed them: the model drafter or prompt lookup (any match length)
-            tally = stats.by_source.setdefault("lookup" if source.startswith("lookup") else "drafter", [0, 0])
-            tally[0] += len(drafts)
-            tally[1] += a
-        if policy is not None:
-            policy.observe_verify(len(drafts) + 1, t_verified)
-            if source != "none":
-                policy.observe(source, len(drafts), a, conf, t_drafted if source == "drafter" else None)
+        record(stats, policy, pr, a, t_verified)
         committed = drafts[:a] + [nxt]
         for i, t in enumerate(committed):  # stop right after an EOS
             if t in eos_ids:

@@ -515,11 +515,9 @@ class Worker:
         pooled = inner if job.speculative else None
         sampling = SamplingParams(job.temp, job.top_p, job.top_k)
         try:
-            sched = api.profile_for(self.target, drafter) if spec.schedule else None
-            policy = api.make_policy(self.target, drafter, spec, job.temp)
+            policy = api.make_policy(self.target, drafter, spec, job.temp)  # the whole length policy
             row, first = self.batch.add(ids, drafter=drafter, max_tokens=job.max_tokens, sampling=sampling, seed=job.seed,
-                                        eos_ids=self.eos, p_min=spec.p_min, scheduler=sched,
-                                        max_drafts=spec.num_draft_tokens, policy=policy, cache=cache, tag=job)
+                                        eos_ids=self.eos, policy=policy, cache=cache, tag=job)
         except BaseException:
             if pooled is not None:
                 self.pool.append(pooled)
