@@ -24,7 +24,7 @@ from mlxspec.errors import MlxspecError
 from mlxspec.train.data import DEFAULT_BUDGET, DEFAULT_SOURCES, STREAM_FORMAT, TOPK, corpus_plan, target_pass
 
 ONLINE_KIND = "online-corpus"
-VOCAB_WINDOWS = 128  # windows whose target top-1 choose the draft vocabulary (with every plan window's tokens)
+VOCAB_WINDOWS = 64  # windows whose target top-1 choose the draft vocabulary (with every plan window's tokens)
 
 
 class OnlineCorpus:
@@ -67,7 +67,10 @@ class OnlineCorpus:
         if k not in self._chunks:
             s, e = k * self.batch, min(self.n, (k + 1) * self.batch)
             t0 = time.time()
-            self._chunks = {j: v for j, v in self._chunks.items() if j == k - 1}  # a step may span two chunks
+            # keep the previous chunk (a step may span two) and, from the vocabulary pass, the
+            # chunks the next steps read: no window goes through the target twice
+            keep = -(-min(self.limit, VOCAB_WINDOWS) // self.batch)
+            self._chunks = {j: v for j, v in self._chunks.items() if 0 <= j - (k - 1) <= keep}
             self._chunks[k] = target_pass(self.target, self.tokens[s:e], self.taps)
             self.target_seconds += time.time() - t0
             self.target_tokens += (e - s) * self.seq_len
