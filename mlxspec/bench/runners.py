@@ -5,6 +5,7 @@ run's prompts, temperatures and repeats."""
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import time
 from pathlib import Path
@@ -63,6 +64,9 @@ def random_weights(spec, path, target):
                       description=f"{spec.description} (random weights)", policy=spec.policy)
 
 
+_SPIN = "import os, sys\np = int(sys.argv[1])\nwhile os.getppid() == p:\n    pass\n"
+
+
 class BackgroundLoad:
     """`n` processes that spin on a core each for the duration of a `with` block: the bench on
     a shared machine (an editor, a build, another model), reproducibly. They are killed on
@@ -75,7 +79,9 @@ class BackgroundLoad:
         import subprocess
 
         for _ in range(self.n):
-            self.procs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"],
+            # spins until killed, or until its parent is gone (a bench killed by a signal
+            # that skips __exit__ leaves no spinner behind)
+            self.procs.append(subprocess.Popen([sys.executable, "-c", _SPIN, str(os.getpid())],
                                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL))
         return self
 
