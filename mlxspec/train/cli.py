@@ -44,8 +44,8 @@ def add_train_args(p):
     p.add_argument("--online", action="store_true",
                    help="no store: each step runs the target on the next corpus windows (prefill, taps, top-k: what "
                         "a store would hold) and trains on them; resumable at the next unseen window. A store costs "
-                        "5.8 kB per token (SmolLM2), so for 1e8+ tokens on a GPU this is the way; on a CPU the "
-                        "target's prefill dominates each step (docs/training.md)")
+                        "5.8 kB per token (SmolLM2), so for 1e8+ tokens on a GPU this is the way; it pays the "
+                        "target's prefill on every pass over the windows, a store once (docs/training.md)")
     p.add_argument("--window-order", choices=("random", "sequential"), default=None,
                    help="random: each window drawn at random from the store(s) (default offline); sequential: one "
                         "store read in order, each window once per pass (what --online does)")
