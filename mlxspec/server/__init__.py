@@ -1,7 +1,11 @@
 """`mlxspec serve`: an OpenAI-compatible HTTP server with speculative decoding.
 
 - `args`: the command line flags;
-- `app`: routes, validation, SSE streaming, `cmd_serve` (Starlette on uvicorn);
+- `app`: the Starlette app (`build_app`: routes, error handlers) and `cmd_serve` (uvicorn);
+- `state`: `Server`, what the handlers share; `params`: request parsing and validation; `errors`:
+  `APIError` and the OpenAI error object; `tools`: tool-call parsing; `jobs`: queueing a job,
+  disconnects and the non-streaming `collect`; `sse`: streamed responses;
+- `completions`: /v1/chat/completions and /v1/completions; `status`: /health, /v1/models, /metrics;
 - `compat`: the Anthropic Messages (/v1/messages) and OpenAI Responses (/v1/responses) APIs;
 - `worker`: the generation thread (continuous batching through `engine.batch`, or one generation at a
   time with `--max-batch 1`; bounded queue, metrics);

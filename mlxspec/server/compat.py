@@ -21,7 +21,10 @@ import time
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
-from mlxspec.server.app import _MISSING, APIError, ToolStream, _get, collect, parse_tool_calls
+from mlxspec.server.errors import APIError
+from mlxspec.server.jobs import collect
+from mlxspec.server.params import _MISSING, _get
+from mlxspec.server.tools import ToolStream, parse_tool_calls
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 NO_TOOLS_WARNING = ("tools ignored for tool calls: this model's chat template defines no <tool_call> markup, "
