@@ -65,6 +65,12 @@ def set_blas_threads(n: int) -> bool:
     return True
 
 
+def blas_threads() -> int | None:
+    """openblas_get_num_threads() of the preloaded OpenBLAS, or None when it is not loaded."""
+    lib = _openblas()
+    return int(lib.openblas_get_num_threads()) if lib is not None else None
+
+
 def park_blas_threads() -> bool:
     """End OpenBLAS's worker threads now; its next threaded call starts them again (as after
     fork). An idle worker spins for ~2^28 cycles after each call (OPENBLAS_THREAD_TIMEOUT,

@@ -1,5 +1,5 @@
 """Joining the `mlx.launch` job: the world group, its watchdog, and each rank's share of
-the host's cores while all ranks work at once."""
+the host's cores."""
 
 from __future__ import annotations
 
@@ -39,10 +39,10 @@ def init(timeout: float | None = DEFAULT_TIMEOUT):
 
 def limit_blas_threads(rank: int) -> int | None:
     """Ranks on one host share its cores: OpenBLAS's threads per rank = cores / ranks on this
-    host while they all work at once (loading; tensor parallel). Its idle threads spin, so 2
+    host (loading and tensor parallel run at once; pipeline stages, see there). Its idle threads spin, so 2
     ranks x 2 threads on 2 cores slowed every matmul ~10x (measured). Left alone when
-    OPENBLAS_NUM_THREADS is set. -> the thread count set, or None. (Pipeline stages take
-    every core afterwards: `mlxspec.distributed.pipeline.Stages`.)"""
+    OPENBLAS_NUM_THREADS is set. -> the thread count set, or None. (Pipeline stages keep
+    it too: `mlxspec.distributed.pipeline`.)"""
     local = ranks_on_my_host(rank)
     if os.environ.get("OPENBLAS_NUM_THREADS") or local is None:
         return None

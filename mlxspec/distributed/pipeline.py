@@ -6,15 +6,17 @@ applies the final norm and the LM head. Over the links the header travels with t
 activations (one message per hop); without them MLX send/recv carries the activations.
 
 Cores: one request goes through the stages in order, so one rank works at a time and the
-others sleep in recv(). The working rank therefore takes every core of the host
-(`mlxspec.blas.set_blas_threads`); OpenBLAS's idle workers would spin for ~0.1 s after each
-call on the core the next stage needs, so a rank that shares its host parks them before each
-sleep (`mlxspec.blas.park_blas_threads`). OPENBLAS_NUM_THREADS, when set, is left alone.
+others sleep in recv(). A rank keeps the share `group.limit_blas_threads` gave it (cores /
+ranks on this host): with OPENBLAS_NUM_THREADS set to every core, each stage could use them
+all while the others sleep, but on this shared 2-core machine 2-thread OpenBLAS was erratic
+(cost per token vs one process 0.3-4.8x, median 1.7x AR; docs/distributed.md) where one
+thread per rank was 0.7-0.8x every round. OpenBLAS's idle workers spin for ~0.1 s after each
+threaded call, so a rank sharing its host parks them before each sleep
+(`mlxspec.blas.park_blas_threads`), whatever the thread count.
 """
 
 from __future__ import annotations
 
-import os
 import time
 
 import mlx.core as mx
@@ -23,7 +25,7 @@ from mlx.utils import tree_map
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-from mlxspec.blas import park_blas_threads, set_blas_threads
+from mlxspec.blas import blas_threads, park_blas_threads
 from mlxspec.distributed.links import ranks_on_my_host
 from mlxspec.distributed.plan import split_layers
 from mlxspec.errors import MlxspecError
@@ -47,15 +49,13 @@ class Stages:
         self.blas_threads = self._take_the_cores()
 
     def _take_the_cores(self) -> int | None:
-        """Every core for this rank's stage (see the module doc) -> the count set, or None."""
+        """Park OpenBLAS's workers before each sleep when ranks share this host (see the
+        module doc) -> this rank's OpenBLAS thread count, or None (no OpenBLAS / no links)."""
         if self.links is None:
-            return None  # the peers wait in MLX collectives, which poll: keep the shares
+            return None
         if (ranks_on_my_host(self.rank) or 1) > 1:
             self.links.park = park_blas_threads
-        if os.environ.get("OPENBLAS_NUM_THREADS"):
-            return None
-        n = os.cpu_count() or 1
-        return n if set_blas_threads(n) else None
+        return blas_threads()
 
     def make_cache(self) -> list:
         return [KVCache() for _ in self.inner.layers]
