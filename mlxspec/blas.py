@@ -95,9 +95,10 @@ class ThreadGovernor:
     So every `period` seconds (checked at each `tick()`, which `Target.__call__` makes) it
     measures the CPU time the host spent outside this process at normal priority (/proc/stat
     minus os.times(); niced jobs yield to us and do not count), smooths it, and uses every core that is free: threads = cores - int(others
-    + 0.6), at least 1. The thread count never changes a result (OpenBLAS splits output
-    rows, not the reduction: tests/test_blas.py checks logits bitwise), so decoding stays
-    exactly the same tokens. It does nothing where OpenBLAS is not loaded (macOS, the GPU),
+    + 0.6), at least 1. For some shapes OpenBLAS's threaded GEMM rounds differently from one
+    thread (logits differ by ~1e-5), like a verify block against a decode step; greedy tokens
+    stay the same (tests/test_blas.py), and set MLXSPEC_BLAS_THREADS=N for bitwise-repeatable
+    runs. It does nothing where OpenBLAS is not loaded (macOS, the GPU),
     where the user fixed the count (MLXSPEC_BLAS_THREADS=N or OPENBLAS_NUM_THREADS) or where
     `set_blas_threads` pinned it (distributed pipeline stages).
     """
