@@ -304,9 +304,6 @@ class SpecBatch:
         sampling: SamplingParams = SamplingParams(),
         seed: int | None = 0,
         eos_ids: set[int] | frozenset = frozenset(),
-        p_min: float | None = None,
-        scheduler: dict[int, float] | None = None,
-        max_drafts: int | None = None,
         policy: LengthPolicy | None = None,
         cache: list | None = None,
         tag=None,
@@ -326,9 +323,8 @@ class SpecBatch:
         if n_cached >= len(prompt_ids):
             raise ValueError(f"the cache holds {n_cached} tokens; at least one of the {len(prompt_ids)} "
                              "prompt tokens must remain to prefill")
-        limit = drafter.max_drafts if max_drafts is None else min(max_drafts, drafter.max_drafts)
         row = Row(list(prompt_ids), drafter, sampling, np.random.default_rng(seed), frozenset(eos_ids), max_tokens,
-                  limit, compose(policy, p_min=p_min, schedule=scheduler, max_drafts=max_drafts), tag=tag)
+                  drafter.max_drafts, compose(policy), tag=tag)
         t0 = time.perf_counter()
         taps = tuple(drafter.taps)
         logits, ptaps = self.target(mx.array([prompt_ids[n_cached:]]), cache, taps=taps, logits="last")

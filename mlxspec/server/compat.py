@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 
 from mlxspec.server.errors import APIError
 from mlxspec.server.jobs import collect
-from mlxspec.server.params import _MISSING, _get
+from mlxspec.server.params import _MISSING, _get, messages_array
 from mlxspec.server.tools import ToolStream, parse_tool_calls
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -103,13 +103,7 @@ def anthropic_to_chat(body: dict) -> list[dict]:
         s = _text_parts(system, "system", ("text",))
         if s:
             out.append({"role": "system", "content": s})
-    msgs = body.get("messages", _MISSING)
-    if msgs is _MISSING or msgs is None:
-        raise APIError(400, "'messages' is required", param="messages", code="missing_required_parameter")
-    if not isinstance(msgs, list):
-        raise APIError(400, "'messages' must be an array of messages", param="messages", code="invalid_type")
-    if not msgs:
-        raise APIError(400, "'messages' is empty: send at least one message", param="messages", code="invalid_value")
+    msgs = messages_array(body)
     names = {}  # tool_use id -> tool name, for the tool messages that answer it
     for i, m in enumerate(msgs):
         where = f"messages[{i}]"

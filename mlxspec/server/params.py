@@ -58,7 +58,9 @@ def _content_text(content, i: int) -> str:
                    param=f"messages[{i}].content", code="invalid_type")
 
 
-def parse_messages(body: dict) -> list[dict]:
+def messages_array(body: dict) -> list:
+    """body["messages"]: a non-empty array, else the 400 naming what is wrong (Chat
+    Completions and Anthropic Messages alike)."""
     msgs = body.get("messages", _MISSING)
     if msgs is _MISSING or msgs is None:
         raise APIError(400, "'messages' is required", param="messages", code="missing_required_parameter")
@@ -66,6 +68,11 @@ def parse_messages(body: dict) -> list[dict]:
         raise APIError(400, "'messages' must be an array of messages", param="messages", code="invalid_type")
     if not msgs:
         raise APIError(400, "'messages' is empty: send at least one message", param="messages", code="invalid_value")
+    return msgs
+
+
+def parse_messages(body: dict) -> list[dict]:
+    msgs = messages_array(body)
     out = []
     for i, m in enumerate(msgs):
         if not isinstance(m, dict):
