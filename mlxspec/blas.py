@@ -103,14 +103,19 @@ class ThreadGovernor:
     `set_blas_threads` pinned it (distributed pipeline stages).
     """
 
-    def __init__(self, period: float = 0.5, cores: int | None = None, sample=None, apply=None, clock=None):
+    def __init__(self, period: float = 0.5, cores: int | None = None, sample=None, apply=None, clock=None,
+                 exclude=()):
+        """exclude: process ids whose CPU counts as ours (pipeline stages on one host: they
+        compute one at a time, each sleeps while another runs)."""
         import time
 
         self.period = period
         self._clock = clock or time.monotonic
         self._next = 0.0
         self.cores = cores or _usable_cores()
-        self._sample = sample or _cpu_sample  # -> (host busy seconds, this process's seconds, wall)
+        self.exclude = list(exclude)
+        # -> (host busy seconds, this process's (and the excluded ones') seconds, wall)
+        self._sample = sample or (lambda: _cpu_sample(self.exclude))
         self._apply = apply or _set_threads
         self.others = 0.0  # smoothed cores busy outside this process
         self.threads: int | None = None
@@ -154,8 +159,19 @@ def _usable_cores() -> int:
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") and "SC_CLK_TCK" in os.sysconf_names else 100
 
 
-def _cpu_sample():
-    """(host busy CPU seconds, this process's CPU seconds, monotonic seconds), or None."""
+def _pid_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of another process, 0 when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _cpu_sample(exclude=()):
+    """(host busy CPU seconds, this process's (plus `exclude`'s) CPU seconds, monotonic
+    seconds), or None."""
     import time
 
     try:
@@ -170,7 +186,7 @@ def _cpu_sample():
     if os.getpriority(os.PRIO_PROCESS, 0) > 0:  # we are niced ourselves: our time is in `nice`
         busy += v[1]
     t = os.times()
-    return busy / _TICKS, t.user + t.system, time.monotonic()
+    return busy / _TICKS, t.user + t.system + sum(_pid_cpu(p) for p in exclude), time.monotonic()
 
 
 def _set_threads(n: int) -> None:
@@ -191,6 +207,21 @@ def govern() -> int | None:
         _GOVERNOR.append(ThreadGovernor() if auto else None)
     g = _GOVERNOR[0]
     return g.tick() if g is not None and not _PINNED else None
+
+
+def share_cores_with(pids) -> bool:
+    """Let the governor choose this process's thread count again (undoing a pin), counting the
+    CPU of `pids` as its own: processes that compute only while this one waits (the other
+    pipeline stages on this host). -> True when governed (False: OpenBLAS not loaded, not
+    Linux, or the user fixed the count)."""
+    if not (sys.platform.startswith("linux") and device.blas_threads_setting() is None and _openblas() is not None):
+        return False
+    _PINNED.clear()
+    _GOVERNOR.clear()
+    _GOVERNOR.append(ThreadGovernor(exclude=pids))
+    _set_threads(_usable_cores())
+    _GOVERNOR[0].threads = _usable_cores()
+    return True
 
 
 _LIB: list = []

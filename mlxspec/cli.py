@@ -113,17 +113,25 @@ def cmd_convert(a) -> int:
 def main(argv=None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     ap = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     a = ap.parse_args(argv)
     with to_stderr():  # the library's report lines (mlxspec.logger), printed as they always were
-        return _run(a)
+        return _run(a, argv)
 
 
-def _run(a) -> int:
+def _run(a, argv: list[str]) -> int:
     try:
         if a.cmd == "generate":
             from mlxspec import distributed
 
-            return distributed.cmd_generate(a) if distributed.launched() else cmd_generate(a)
+            if distributed.launched():
+                if a.ranks != 1:
+                    raise MlxspecError("--ranks starts its own local ranks; under mlx.launch leave it out "
+                                       "(mlx.launch -n sets the number of ranks)")
+                return distributed.cmd_generate(a)
+            if a.ranks != 1:
+                return distributed.cmd_launch(a, argv)
+            return cmd_generate(a)
         if a.cmd == "inspect":
             return cmd_inspect(a)
         if a.cmd == "convert":

@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import socket
+import resource
 import subprocess
 import sys
 import tempfile
@@ -167,14 +168,18 @@ def run_once(a, n: int, draft, spec_kw) -> dict | None:
         json.dump({"model": a.model, "draft": draft, "mode": a.dist_mode, "max_tokens": a.max_tokens,
                    "spec_kw": spec_kw, "interleave": a.interleave}, f)
     cmd = [sys.executable, __file__, "--worker", f.name]
-    if n > 1:
+    if n > 1 and a.launcher == "mlxspec":  # what `mlxspec generate --ranks N` runs
+        cmd = [sys.executable, "-m", "mlxspec.distributed.launch", "-n", str(n), "--"] + cmd
+    elif n > 1:
         hosts = a.hosts.split(",")
         per = max(1, n // len(hosts))
         cmd = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "--hosts", a.hosts,
                "-n", str(per), "-p", str(free_port()), "--"] + cmd
     load0 = os.getloadavg()[0]
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("BENCH ")]
     if not line:
         print(r.stdout[-2000:], r.stderr[-3000:], file=sys.stderr)
@@ -185,6 +190,9 @@ def run_once(a, n: int, draft, spec_kw) -> dict | None:
             k, _, v = ln.partition(" ")
             res[k[len("BENCH_"):].lower().replace("rank", "rank_")] = json.loads(v)
     res["wall_s"] = round(time.perf_counter() - t, 1)
+    # CPU of the whole job (launcher and ranks): mlx.launch's relay shows up here
+    res["job_cpu_s"] = round(ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime, 1)
+    res["launcher"] = a.launcher if n > 1 else None
     res["load_avg"] = [round(load0, 2), round(os.getloadavg()[0], 2)]  # at the start and the end of the run
     return res
 
@@ -222,9 +230,14 @@ def main() -> int:
     ap.add_argument("--dist-mode", default="auto")
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--hosts", default="127.0.0.1", help="mlx.launch --hosts (IPs); ranks are spread over them")
+    ap.add_argument("--launcher", choices=("mlxspec", "mlx"), default="mlxspec",
+                    help="mlxspec: local ranks as `mlxspec generate --ranks N` starts them (default); "
+                         "mlx: mlx.launch --backend ring (its relay threads spin a core; needed for --hosts)")
     ap.add_argument("--repeat", type=int, default=1, help="rounds of (each rank count back to back); medians")
     ap.add_argument("--interleave", type=int, default=0,
                     help="in the N-rank job, also alternate one process's generation with the N ranks' this many times")
+    ap.add_argument("--background-load", type=int, default=0, metavar="N",
+                    help="keep N cores busy with spinning processes for the whole run (a shared machine)")
     ap.add_argument("--out", default=None)
     ap.add_argument("--random-llama", default=None, help="write an 8-head random llama to DIR and exit")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -238,18 +251,22 @@ def main() -> int:
     spec_kw = {"policy": "fixed", "ngram": False}  # the DSpark drafter alone, every drafted block verified
     draft = None if a.draft == "none" else a.draft
     ranks = [int(x) for x in a.ranks.split(",")]
+    from mlxspec.bench import BackgroundLoad
+
     results = []
-    for rep in range(a.repeat):  # 1 rank and N ranks back to back, repeated: ratios within a round
-        for n in ranks:
-            res = run_once(a, n, draft, spec_kw)
-            if res is None:
-                return 1
-            res["round"] = rep
-            results.append(res)
-            print(json.dumps(res), file=sys.stderr)
-    report = {"model": a.model or "SmolLM2-135M-Instruct (default)", "draft": a.draft, "max_tokens": a.max_tokens,
-              "cpu_count": os.cpu_count(), "load_avg": os.getloadavg()[0], "summary": summary(results, ranks),
-              "results": results}
+    with BackgroundLoad(a.background_load):
+        for rep in range(a.repeat):  # 1 rank and N ranks back to back, repeated: ratios within a round
+            for n in ranks:
+                res = run_once(a, n, draft, spec_kw)
+                if res is None:
+                    return 1
+                res["round"] = rep
+                results.append(res)
+                print(json.dumps(res), file=sys.stderr)
+    report = {"command": " ".join(["scripts/bench_distributed.py", *sys.argv[1:]]),
+              "model": a.model or "SmolLM2-135M-Instruct (default)", "draft": a.draft, "max_tokens": a.max_tokens,
+              "cpu_count": os.cpu_count(), "load_avg": os.getloadavg()[0], "background_load": a.background_load,
+              "summary": summary(results, ranks), "results": results}
     text = json.dumps(report, indent=1)
     if a.out:
         Path(a.out).write_text(text)

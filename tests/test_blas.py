@@ -104,3 +104,28 @@ def test_thread_count_keeps_greedy_tokens(smollm2):
     assert outs[1] == outs[2]
     for a, b in zip(logits[1], logits[2]):
         assert np.abs(a - b).max() < 1e-3
+
+
+def test_excluded_processes_count_as_our_own():
+    """A process in `exclude` (another pipeline stage on this host) is not load: with a real
+    spinning child, the real /proc sample sees about one busy core outside us, and none once
+    the child is excluded."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)
+        for exclude, lo, hi in (((), 0.6, 1.3), ((spin.pid,), -0.1, 0.35)):
+            s0 = blas._cpu_sample(exclude)
+            time.sleep(1.0)
+            s1 = blas._cpu_sample(exclude)
+            busy, mine, wall = (a - b for a, b in zip(s1, s0))
+            others = (busy - mine) / wall
+            assert lo <= others <= hi, (exclude, others, os.getloadavg())
+    finally:
+        spin.kill()
+        spin.wait()
+    assert blas._pid_cpu(spin.pid) == 0.0  # a process that is gone counts nothing

@@ -203,12 +203,63 @@ def test_cli_under_mlx_launch_prints_once_and_matches(tmp_path):
                           "--", mlxspec, *args, "--check"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert "error" not in two.stderr, two.stderr[-2000:]
     assert one.stdout.strip() and two.stdout == one.stdout
-    # --draft auto (the default) with no known drafter: prompt lookup on rank 0, the same text
+    # --draft auto (the default) with no known drafter: prompt lookup on rank 0, the same text;
+    # this time the ranks started by `--ranks 2` (mlxspec's own launcher, no mlx.launch)
     auto = [a for a in args if a not in ("--draft", draft)]
-    three = subprocess.run([LAUNCH, "--backend", "ring", "--hosts", "127.0.0.1", "-n", "2", "-p", str(free_port()),
-                            "--", mlxspec, *auto, "--check"], capture_output=True, text=True, timeout=300, cwd=ROOT)
-    assert "error" not in three.stderr and "prompt lookup (ngram" in three.stderr, three.stderr[-2000:]
+    three = subprocess.run([mlxspec, *auto, "--check", "--ranks", "2"], capture_output=True, text=True,
+                           timeout=300, cwd=ROOT)
+    assert three.returncode == 0 and "error" not in three.stderr, three.stderr[-2000:]
+    assert "prompt lookup (ngram" in three.stderr, three.stderr[-2000:]
     assert three.stdout == one.stdout
+
+
+def test_ranks_flag_is_checked_before_any_rank_starts():
+    mlxspec = str(Path(PY).parent / "mlxspec")
+    for extra, needle in ((["--ranks", "0"], "--ranks 0: give 1 to 16 local ranks"),
+                          (["--ranks", "2", "--temp", "-1"], "--temp")):
+        r = subprocess.run([mlxspec, "generate", "--prompt", "hi", *extra], capture_output=True, text=True,
+                           timeout=120, cwd=ROOT)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr[-2000:]
+    env = dict(os.environ, MLX_RANK="0")
+    r = subprocess.run([mlxspec, "generate", "--prompt", "hi", "--ranks", "2"], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, env=env)
+    assert r.returncode == 2 and "under mlx.launch leave it out" in r.stderr, r.stderr[-2000:]
+
+
+def test_local_launcher_sleeps_while_ranks_run():
+    """The launcher waits in wait(): the job's CPU (launcher and both ranks) does not grow with
+    how long the ranks run. 2 s and 8 s of two sleeping ranks differ by well under a second
+    of CPU (mlx.launch's relay threads poll an always-writable stdin pipe: about 0.6
+    CPU-seconds per second on this machine, ~3.6 s here)."""
+    import resource
+
+    def job(seconds):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t = time.perf_counter()
+        r = subprocess.run([PY, "-m", "mlxspec.distributed.launch", "-n", "2", "--", PY, "-c",
+                            f"import os, time; time.sleep({seconds}); print('rank', os.environ['MLX_RANK'], "
+                            "os.environ['MLX_WORLD_SIZE'])"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+        wall = time.perf_counter() - t
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        assert r.returncode == 0 and r.stdout == "rank 0 2\n", (r.stdout, r.stderr)
+        assert wall >= seconds
+        return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+    short, long = job(2), job(8)
+    assert long - short < 0.5, (short, long)
+
+
+def test_local_launcher_reports_a_failing_rank_once():
+    """A rank that fails: its exit code and its own line; the line every rank prints, once."""
+    code = ("import os, sys; r = int(os.environ['MLX_RANK']); "
+            "print('mlxspec: error: same on every rank', file=sys.stderr); "
+            "r == 1 and print('mlxspec: error: only rank 1 saw this', file=sys.stderr); sys.exit(2 if r else 0)")
+    r = subprocess.run([PY, "-m", "mlxspec.distributed.launch", "-n", "3", "--", PY, "-c", code],
+                       capture_output=True, text=True, timeout=60, cwd=ROOT)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, r.stderr
+    assert lines == ["mlxspec: error: same on every rank", "mlxspec: error: rank 1: only rank 1 saw this"], lines
 
 
 def test_recurrent_target_is_refused_in_one_line(tmp_path):

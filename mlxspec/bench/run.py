@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gc
 import json
 import os
 import platform
@@ -16,7 +15,7 @@ from tqdm import tqdm
 
 from mlxspec.bench.report import markdown, write_plots
 from mlxspec.bench.runners import (BackgroundLoad, mlx_lm_dir, mlx_lm_runner, mlxspec_runner, random_weights,
-                                   time_config)
+                                   time_interleaved)
 from mlxspec.bench.settings import command_line, settings
 from mlxspec.bench.summary import AR, MLX_LM, summarize
 from mlxspec.api import SpecConfig, Speculator
@@ -95,27 +94,24 @@ def _bench(a, s, blas_msg) -> int:
     sps = measure_verify_sps(target, L_max, context=context, repeats=7)
     ms = {L: 1000.0 / v for L, v in sps.items()}
 
+    # mlx_lm's own copy of the weights, resident beside mlxspec's for the whole run: the rows
+    # run interleaved, round by round (`time_interleaved`); each row's peak leaves out the bytes
+    # the others hold
+    before = mx.get_active_memory()
+    model, hf_tok = mlx_lm.load(str(mdir))
+    hf_tok.eos_token_ids = eos
+    held[MLX_LM] = max(0, mx.get_active_memory() - before)
+    runners = {c["label"]: mlxspec_runner(target, eos, specs[c["label"]]) for c in configs if c["engine"] == "mlxspec"}
+    runners[MLX_LM] = mlx_lm_runner(model, hf_tok)
+    target_bytes = base
+
+    def elsewhere(label):
+        own = held[label] + (0 if label == MLX_LM else target_bytes)
+        return max(0, mx.get_active_memory() - own)
+
     total = len(configs) * len(s["temps"]) * s["repeats"] * n_prompts
-    timings = {}
     with tqdm(total=total, desc="bench", unit="gen", file=sys.stderr, dynamic_ncols=True) as bar:
-        for cfg in configs:  # mlx_lm last, after the mlxspec target is freed: peak memory is its own
-            if cfg["engine"] == "mlx_lm":
-                del target
-                gc.collect()
-                mx.clear_cache()
-                model, hf_tok = mlx_lm.load(str(mdir))
-                hf_tok.eos_token_ids = eos
-                run = mlx_lm_runner(model, hf_tok)
-            else:
-                run = mlxspec_runner(target, eos, specs[cfg["label"]])
-            # the other rows' drafters are resident meanwhile: their bytes are not this row's peak
-            others = max(0, mx.get_active_memory() - base - held.get(cfg["label"], 0)) if cfg["engine"] == "mlxspec" else 0
-            timings[cfg["label"]] = time_config(cfg["label"], run, s, prompts, bar, others)
-            del run
-            specs.pop(cfg["label"], None)
-            model = None
-            gc.collect()
-            mx.clear_cache()
+        timings = time_interleaved(configs, runners, s, prompts, bar, elsewhere)
     order = [configs[-1]] + configs[:-1]  # report: mlx_lm, mlxspec AR, speculative
     rows = summarize(order, timings, s, ms)
 

@@ -1,6 +1,6 @@
 """The engines bench times: a runner is run(ids, temp, seed, max_tokens) -> (tokens, seconds
-from the first token to the last, SpecStats | None), and `time_config` drives one over the
-run's prompts, temperatures and repeats."""
+from the first token to the last, SpecStats | None), and `time_interleaved` drives them all over the
+run's prompts, temperatures and repeats, round by round."""
 
 from __future__ import annotations
 
@@ -108,33 +108,46 @@ def mlx_lm_runner(model, tokenizer):
     return run
 
 
-def time_config(label, run, s, prompts, bar, resident_elsewhere: int = 0) -> dict:
-    """Warm up, then every (temp, repeat, prompt) of one configuration.
-    -> {temp: {"tps": {cat: [[per repeat] per prompt]}, "stats": {cat: [SpecStats]}, "tokens": {cat: [...]}, "peak": bytes}}"""
-    res = {}
+def time_round(run, s, prompts, temp, rep: int, r: dict) -> None:
+    """One repeat of one configuration at one temperature: every prompt once, into r
+    ({"tps": {cat: [[per repeat] per prompt]}, "stats": {cat: [SpecStats]}, "tokens": {cat: [...]}})."""
+    k = 0  # prompt index over all categories: its seed
+    for c in s["categories"]:
+        r["tps"].setdefault(c, [[] for _ in prompts[c]])
+        r["stats"].setdefault(c, [])  # one SpecStats per generation
+        r["tokens"].setdefault(c, [None] * len(prompts[c]))
+        for i, ids in enumerate(prompts[c]):
+            out, dt, st = run(ids, temp, s["seed"] + k, s["max_tokens"])
+            r["tps"][c][i].append((len(out) - 1) / dt if len(out) > 1 and dt > 0 else None)
+            if st is not None:
+                r["stats"][c].append(st)
+            if rep == 0:
+                r["tokens"][c][i] = out
+            k += 1
+
+
+def time_interleaved(configs, runners: dict, s, prompts, bar, resident_elsewhere) -> dict:
+    """Every configuration, round by round: for each temperature and repeat, each configuration
+    runs all prompts once, so the rows' ratios compare generations minutes apart at most (a
+    shared host drifts by tens of percent over a run; rows timed one after the other would
+    carry that drift into their ratios). resident_elsewhere(label) -> the bytes other rows
+    keep resident while this one runs (its peak leaves them out).
+    -> {label: {temp: {"tps", "stats", "tokens", "peak"}}}"""
+    res = {c["label"]: {} for c in configs}
     first = prompts[s["categories"][0]][0]
     for temp in s["temps"]:
-        bar.set_postfix_str(f"{label} T={temp:g}")
-        gc.collect()
-        mx.reset_peak_memory()
-        run(first, temp, s["seed"], 8)  # warm-up: kernels, allocator
-        r = {"tps": {}, "stats": {}, "tokens": {}}
-        for c in s["categories"]:
-            r["tps"][c] = [[] for _ in prompts[c]]
-            r["stats"][c] = []  # one SpecStats per generation
-            r["tokens"][c] = [None] * len(prompts[c])
+        for c in configs:
+            bar.set_postfix_str(f"warm-up {c['label']} T={temp:g}")
+            runners[c["label"]](first, temp, s["seed"], 8)  # kernels, allocator
+            res[c["label"]][temp] = {"tps": {}, "stats": {}, "tokens": {}, "peak": 0}
         for rep in range(s["repeats"]):
-            k = 0  # prompt index over all categories: its seed
-            for c in s["categories"]:
-                for i, ids in enumerate(prompts[c]):
-                    out, dt, st = run(ids, temp, s["seed"] + k, s["max_tokens"])
-                    r["tps"][c][i].append((len(out) - 1) / dt if len(out) > 1 and dt > 0 else None)
-                    if st is not None:
-                        r["stats"][c].append(st)
-                    if rep == 0:
-                        r["tokens"][c][i] = out
-                    k += 1
-                    bar.update(1)
-        r["peak"] = mx.get_peak_memory() - resident_elsewhere
-        res[temp] = r
+            for c in configs:
+                label = c["label"]
+                bar.set_postfix_str(f"{label} T={temp:g} repeat {rep + 1}/{s['repeats']}")
+                gc.collect()
+                mx.reset_peak_memory()
+                r = res[label][temp]
+                time_round(runners[label], s, prompts, temp, rep, r)
+                r["peak"] = max(r["peak"], mx.get_peak_memory() - resident_elsewhere(label))
+                bar.update(sum(len(v) for v in prompts.values()))
     return res

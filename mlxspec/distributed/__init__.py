@@ -11,13 +11,15 @@ See docs/distributed.md.
   * `pipeline`: the layer stages and their activations; `plan`: which split applies;
   * `header`: the header's words; `links`: the ranks' blocking TCP links beside MLX's group;
   * `group`: joining the job, each rank's cores; `watchdog`: one line, not a hang, when a
-    peer is lost; `check`: `--check`; `cli`: `mlxspec generate` under mlx.launch.
+    peer is lost; `check`: `--check`; `cli`: `mlxspec generate` under mlx.launch;
+  * `launch`: `--ranks N`, local ranks started without mlx.launch (whose relay spins a core).
 
-Run it: `mlx.launch --backend ring --hosts 127.0.0.1 -n 2 -- .venv/bin/mlxspec generate ...`
-(`mlxspec generate` switches to `mlxspec.distributed.cli` when launched with MLX_RANK set).
+Run it: `mlxspec generate --ranks 2 ...` on one machine (`launch`: the ranks as plain children,
+no relaying launcher), or `mlx.launch --backend ring --hostfile ... -- .venv/bin/mlxspec generate ...`
+across hosts (`mlxspec generate` switches to `mlxspec.distributed.cli` when MLX_RANK is set).
 """
 
-from mlxspec.distributed.cli import add_dist_args, cmd_generate, footer
+from mlxspec.distributed.cli import add_dist_args, cmd_generate, cmd_launch, footer
 from mlxspec.distributed.group import DEFAULT_TIMEOUT, init, launched, limit_blas_threads
 from mlxspec.distributed.links import Links
 from mlxspec.distributed.load import load
@@ -25,5 +27,5 @@ from mlxspec.distributed.plan import split_layers, tensor_parallel_reason
 from mlxspec.distributed.target import DistStats, DistTarget
 from mlxspec.distributed.watchdog import Watchdog
 
-__all__ = ["DEFAULT_TIMEOUT", "DistStats", "DistTarget", "Links", "Watchdog", "add_dist_args", "cmd_generate",
+__all__ = ["DEFAULT_TIMEOUT", "DistStats", "DistTarget", "Links", "Watchdog", "add_dist_args", "cmd_generate", "cmd_launch",
            "footer", "init", "launched", "limit_blas_threads", "load", "split_layers", "tensor_parallel_reason"]

@@ -20,6 +20,20 @@ def add_dist_args(p) -> None:
                    help="under mlx.launch: verify every step that all ranks hold the same committed tokens")
     p.add_argument("--dist-timeout", type=float, default=DEFAULT_TIMEOUT,
                    help="under mlx.launch: seconds a rank waits on another before exiting with an error")
+    p.add_argument("--ranks", type=int, default=1, metavar="N",
+                   help="run the target sharded over N ranks on this machine (ring backend, started by mlxspec "
+                        "itself; for other hosts use mlx.launch, docs/distributed.md). Default 1: one process")
+
+
+def cmd_launch(a, argv: list[str]) -> int:
+    """`mlxspec generate --ranks N` (N > 1, not under a launcher): check the flags once, then run
+    the same command as N local ranks (`launch.launch_local`)."""
+    from mlxspec.distributed.launch import check_ranks, generate_command, launch_local, without_ranks_flag
+
+    n = check_ranks(a.ranks)
+    check_generate_args(a)
+    check_blas()
+    return launch_local(n, generate_command(without_ranks_flag(argv)))
 
 
 def cmd_generate(a) -> int:

@@ -48,6 +48,7 @@ class Links:
     A message: "<ii" (int32 words, payload bytes), the words, the payload."""
 
     park = None  # called before every sleep (DistTarget: OpenBLAS's spinning idle workers)
+    local_pids: list = []  # the other ranks on this host
 
     def __init__(self, socks: dict, wd: Watchdog):
         self.socks, self.wd = socks, wd
@@ -60,8 +61,9 @@ class Links:
         if n == 1 or ips is None or len(ips) != n:
             return None
         lst = socket.create_server((ips[rank], 0), backlog=n)
-        ports = mx.distributed.all_gather(mx.array([[lst.getsockname()[1]]], dtype=mx.int32), group=group)
-        ports = [int(p) for p in wd.run("exchanging link ports", lambda: (mx.eval(ports), ports)[1]).reshape(-1).tolist()]
+        got = mx.distributed.all_gather(mx.array([[lst.getsockname()[1], os.getpid()]], dtype=mx.int32), group=group)
+        got = wd.run("exchanging link ports", lambda: (mx.eval(got), got)[1]).reshape(n, 2).tolist()
+        ports, pids = [int(g[0]) for g in got], [int(g[1]) for g in got]
         socks = {}
 
         def wire():
@@ -76,7 +78,11 @@ class Links:
         lst.close()
         for s in socks.values():
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        return cls(socks, wd)
+        links = cls(socks, wd)
+        # the process ids of the ranks on this host (pipeline stages leave their CPU out of the
+        # load their OpenBLAS thread count follows: mlxspec.blas.share_cores_with)
+        links.local_pids = [pids[r] for r in range(n) if r != rank and ips[r] == ips[rank]]
+        return links
 
     def send(self, dst: int, words=(), payload=b"") -> None:
         """One message to `dst`: int32 words and a payload (bytes, or an evaluated mx.array)."""

@@ -6,13 +6,15 @@ applies the final norm and the LM head. Over the links the header travels with t
 activations (one message per hop); without them MLX send/recv carries the activations.
 
 Cores: one request goes through the stages in order, so one rank works at a time and the
-others sleep in recv(). A rank keeps the share `group.limit_blas_threads` gave it (cores /
-ranks on this host): with OPENBLAS_NUM_THREADS set to every core, each stage could use them
-all while the others sleep, but on this shared 2-core machine 2-thread OpenBLAS was erratic
-(cost per token vs one process 0.3-4.8x, median 1.7x AR; docs/distributed.md) where one
-thread per rank was 0.7-0.8x every round. OpenBLAS's idle workers spin for ~0.1 s after each
-threaded call, so a rank sharing its host parks them before each sleep
-(`mlxspec.blas.park_blas_threads`), whatever the thread count.
+others sleep in recv(). So each stage may use every core the host's other jobs leave free:
+its OpenBLAS thread count follows `mlxspec.blas.ThreadGovernor`, as a single process's does,
+with the other ranks on this host counted as its own (`share_cores_with`: they compute only
+while it waits). Measured on this 2-core machine, idle: 1 thread per stage cost 1.73x one
+process per token (AR), every core per stage 1.05x; with other jobs on the cores the
+governor drops to 1 thread, where 2-thread OpenBLAS was erratic (docs/distributed.md).
+OpenBLAS's idle workers spin for ~0.1 s after each threaded call, so a rank sharing its host
+parks them before each sleep (`mlxspec.blas.park_blas_threads`). OPENBLAS_NUM_THREADS or
+MLXSPEC_BLAS_THREADS fixes the count instead.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from mlx.utils import tree_map
 from mlx_lm.models.base import create_attention_mask
 from mlx_lm.models.cache import KVCache
 
-from mlxspec.blas import blas_threads, park_blas_threads
+from mlxspec.blas import blas_threads, govern, park_blas_threads, share_cores_with
 from mlxspec.distributed.links import ranks_on_my_host
 from mlxspec.distributed.plan import split_layers
 from mlxspec.errors import MlxspecError
@@ -55,6 +57,7 @@ class Stages:
             return None
         if (ranks_on_my_host(self.rank) or 1) > 1:
             self.links.park = park_blas_threads
+            share_cores_with(self.links.local_pids)
         return blas_threads()
 
     def make_cache(self) -> list:
@@ -71,6 +74,7 @@ class Stages:
         """Rank 0: the whole forward -> (logits, taps), `head(h)` for the logits. Other
         ranks: their stage -> (None, None). words: the header to pass on; payload: the
         activations that came with it."""
+        govern()  # this stage's OpenBLAS threads: the cores the host's other jobs leave free
         inner, st = self.inner, self.stages
         r, n = self.rank, self.size
         a, b = st[r]
