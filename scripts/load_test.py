@@ -3,8 +3,9 @@
 
     scripts/load_test.py --port 8080 --requests 16 --concurrency 4 --max-tokens 32
 
-Or the comparison (`--compare`): it starts each server itself on a free loopback port, one
-after another, and runs the same requests at every concurrency level against it:
+Or the comparison (`--compare`): it starts every server itself on a free loopback port, all
+at once (each idles while another is measured), and runs the same requests against them level
+by level, each server in turn:
 `mlxspec serve` (continuous batching, the default drafter on SmolLM2), `mlxspec serve
 --max-batch 1` (one request at a time, the server before batching) and `mlx_lm.server` on the
 same weights (dense float32, converted once with `mlxspec convert`; batched autoregressive
@@ -191,29 +192,42 @@ def compare(a) -> int:
     if a.only:
         servers = [s for s in servers if s[0] in a.only.split(",")]
     out = {"max_tokens": a.max_tokens, "requests_per_level": a.requests, "levels": levels, "servers": {},
-           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_average_at_start": os.getloadavg()}
+           "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_average_at_start": os.getloadavg(),
+           "order": "all servers up at once, idle while another runs; level by level, each server in turn"}
     failed = False
-    for name, cmd, lv, model in servers:
-        port = _free_port()
-        log_path = Path(a.workdir) / f"{name.split()[0]}-{port}.log"
-        proc = subprocess.Popen(cmd + ["--port", str(port)], stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
-        try:
-            model = _wait_up(proc, port, log_path).get("model") or model
-            stream_chat("127.0.0.1", port, None, model, [{"role": "user", "content": "Hello"}], 4)  # warm-up
-            rows, ref = [], None
-            for c in lv:
+    # every server at once (each idles while another is measured), then level by level, each
+    # server in turn: the pairs compared at a level run minutes apart, not a whole server's run
+    # apart (this host's speed drifts by tens of percent within minutes)
+    live = []  # (name, cmd, levels, model, port, proc)
+    try:
+        for name, cmd, lv, model in servers:
+            port = _free_port()
+            log_path = Path(a.workdir) / f"{name.split()[0]}-{port}.log"
+            proc = subprocess.Popen(cmd + ["--port", str(port)], stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
+            live.append([name, cmd, lv, model, port, proc, log_path])
+        for e in live:
+            e[3] = _wait_up(e[5], e[4], e[6]).get("model") or e[3]
+            stream_chat("127.0.0.1", e[4], None, e[3], [{"role": "user", "content": "Hello"}], 4)  # warm-up
+        rows = {e[0]: [] for e in live}
+        refs = {}
+        for c in levels:
+            for name, cmd, lv, model, port, proc, _log in live:
+                if c not in lv:
+                    continue
                 summary, res = run_level("127.0.0.1", port, None, model, prompts, c, a.max_tokens, a.time_limit)
                 texts = [r["text"] if r else None for r in res]
-                if ref is None:
-                    ref = texts
+                ref = refs.setdefault(name, texts)
                 summary["equal_to_concurrency_1"] = sum(t is not None and t == r0 for t, r0 in zip(texts, ref))
-                rows.append(summary)
+                rows[name].append(summary)
+                failed |= summary["errors"] > 0
                 print(f"{name:28s} c={c}: {summary['aggregate_tok_s']:6.2f} tok/s aggregate, "
                       f"{summary['per_request_tok_s_p50']:6.2f} per request, TTFT p50 {summary['ttft_p50_s']:.2f} s "
                       f"p95 {summary['ttft_p95_s']:.2f} s, errors {summary['errors']}, "
                       f"equal to c=1 {summary['equal_to_concurrency_1']}/{len(prompts)}", flush=True)
-            entry = {"command": " ".join(cmd[2:] if cmd[0] == sys.executable else cmd), "levels": rows}
+        for name, cmd, lv, model, port, proc, _log in live:
+            entry = {"command": " ".join(cmd[2:] if cmd[0] == sys.executable else cmd), "levels": rows[name]}
             if name == "mlxspec serve" and a.bounded:
+                ref = refs[name]
                 big = [prompts[i % len(prompts)] for i in range(a.bounded)]
                 bmt = a.bounded_max_tokens or a.max_tokens
                 summary, res = run_level("127.0.0.1", port, None, model, big, levels[-1], bmt, a.time_limit)
@@ -228,14 +242,15 @@ def compare(a) -> int:
                       f"{summary['aggregate_tok_s']:.2f} tok/s", flush=True)
                 failed |= summary["errors"] > 0
             out["servers"][name] = entry
-            failed |= any(r["errors"] for r in rows)
-        finally:
-            proc.terminate()
+    finally:
+        for e in live:
+            e[5].terminate()
+        for e in live:
             try:
-                proc.wait(30)
+                e[5].wait(30)
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                e[5].kill()
+                e[5].wait()
     out["load_average_at_end"] = os.getloadavg()
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,6 @@ run's prompts, temperatures and repeats, round by round."""
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import time
@@ -108,46 +107,46 @@ def mlx_lm_runner(model, tokenizer):
     return run
 
 
-def time_round(run, s, prompts, temp, rep: int, r: dict) -> None:
-    """One repeat of one configuration at one temperature: every prompt once, into r
+def time_one(run, s, temp, rep: int, r: dict, c: str, i: int, n_prompts: int, ids, k: int) -> None:
+    """One generation of one configuration: prompt i of category c (seed + k), into r
     ({"tps": {cat: [[per repeat] per prompt]}, "stats": {cat: [SpecStats]}, "tokens": {cat: [...]}})."""
-    k = 0  # prompt index over all categories: its seed
-    for c in s["categories"]:
-        r["tps"].setdefault(c, [[] for _ in prompts[c]])
-        r["stats"].setdefault(c, [])  # one SpecStats per generation
-        r["tokens"].setdefault(c, [None] * len(prompts[c]))
-        for i, ids in enumerate(prompts[c]):
-            out, dt, st = run(ids, temp, s["seed"] + k, s["max_tokens"])
-            r["tps"][c][i].append((len(out) - 1) / dt if len(out) > 1 and dt > 0 else None)
-            if st is not None:
-                r["stats"][c].append(st)
-            if rep == 0:
-                r["tokens"][c][i] = out
-            k += 1
+    r["tps"].setdefault(c, [[] for _ in range(n_prompts)])
+    r["stats"].setdefault(c, [])  # one SpecStats per generation
+    r["tokens"].setdefault(c, [None] * n_prompts)
+    out, dt, st = run(ids, temp, s["seed"] + k, s["max_tokens"])
+    r["tps"][c][i].append((len(out) - 1) / dt if len(out) > 1 and dt > 0 else None)
+    if st is not None:
+        r["stats"][c].append(st)
+    if rep == 0:
+        r["tokens"][c][i] = out
 
 
 def time_interleaved(configs, runners: dict, s, prompts, bar, resident_elsewhere) -> dict:
-    """Every configuration, round by round: for each temperature and repeat, each configuration
-    runs all prompts once, so the rows' ratios compare generations minutes apart at most (a
-    shared host drifts by tens of percent over a run; rows timed one after the other would
-    carry that drift into their ratios). resident_elsewhere(label) -> the bytes other rows
-    keep resident while this one runs (its peak leaves them out).
+    """Every configuration, interleaved generation by generation: for each temperature, repeat
+    and prompt, each configuration runs that prompt once, so a row's ratio to another compares
+    generations seconds apart (a shared host drifts by tens of percent within minutes here;
+    rows timed one after the other carried that drift into their ratios: a drafter that was
+    never right came out 0.83x AR in one run and 1.12x in another). resident_elsewhere(label)
+    -> the bytes other rows keep resident while this one runs (its peak leaves them out).
     -> {label: {temp: {"tps", "stats", "tokens", "peak"}}}"""
     res = {c["label"]: {} for c in configs}
     first = prompts[s["categories"][0]][0]
+    work = []  # (category, index, prompt ids, seed offset): seed + k, k over all categories
+    for c in s["categories"]:
+        work += [(c, i, ids) for i, ids in enumerate(prompts[c])]
     for temp in s["temps"]:
         for c in configs:
             bar.set_postfix_str(f"warm-up {c['label']} T={temp:g}")
             runners[c["label"]](first, temp, s["seed"], 8)  # kernels, allocator
             res[c["label"]][temp] = {"tps": {}, "stats": {}, "tokens": {}, "peak": 0}
         for rep in range(s["repeats"]):
-            for c in configs:
-                label = c["label"]
-                bar.set_postfix_str(f"{label} T={temp:g} repeat {rep + 1}/{s['repeats']}")
-                gc.collect()
-                mx.reset_peak_memory()
-                r = res[label][temp]
-                time_round(runners[label], s, prompts, temp, rep, r)
-                r["peak"] = max(r["peak"], mx.get_peak_memory() - resident_elsewhere(label))
-                bar.update(sum(len(v) for v in prompts.values()))
+            for k, (cat, i, ids) in enumerate(work):
+                for c in configs:
+                    label = c["label"]
+                    bar.set_postfix_str(f"{label} T={temp:g} repeat {rep + 1}/{s['repeats']}")
+                    mx.reset_peak_memory()
+                    r = res[label][temp]
+                    time_one(runners[label], s, temp, rep, r, cat, i, len(prompts[cat]), ids, k)
+                    r["peak"] = max(r["peak"], mx.get_peak_memory() - resident_elsewhere(label))
+                    bar.update(1)
     return res
