@@ -76,6 +76,37 @@ def test_greedy_rows_joining_and_leaving_equal_their_solo_runs(default):
     assert max(sizes) >= 3  # the rows really ran together
 
 
+def test_rows_prefilled_together_equal_their_solo_runs(default):
+    """`add_many`: four prompts of different lengths prefilled in one forward (right-padded),
+    joining a batch that already runs a row, then stepped together: each row's tokens equal
+    its solo run; a max_tokens=1 row answers its first token and never joins."""
+    target, spec, eos, ids = default
+    refs = [solo(target, spec, eos, i) for i in ids]
+    b = SpecBatch(target, taps=tuple(spec.make_drafter(target).taps))
+
+    def req(k, max_tokens=MAX):
+        d = spec.make_drafter(target)
+        return dict(prompt_ids=ids[k], drafter=d, max_tokens=max_tokens, eos_ids=eos,
+                    policy=api.make_policy(target, d, spec), tag=k)
+
+    out = {}
+    row, first = b.add(**req(0))
+    out[0] = list(first)
+    for row, committed in b.step():  # row 0 is one step ahead of the others
+        out[row.tag] += committed
+    joined = b.add_many([req(1), req(2), req(3), dict(req(0, max_tokens=1), tag="one")])
+    assert [r.tag for r, _ in joined] == [1, 2, 3, "one"] and joined[-1][0].done and len(b) == 4
+    assert joined[-1][1] == refs[0][:1]
+    for r, first in joined[:3]:
+        out[r.tag] = list(first)
+    while any(not r.done for r in b.rows):
+        for row, committed in b.step():
+            out[row.tag] += committed
+    assert [out[k] for k in range(4)] == refs
+    with pytest.raises(ValueError, match="no cache"):
+        b.add_many([dict(req(1), cache=None), req(2)])
+
+
 def test_extracted_row_cache_continues_like_the_solo_cache(default):
     """A row's cache taken out of the batch (the server's prompt cache keeps it) holds the same
     positions a solo run's cache would: continuing from it gives the same tokens."""

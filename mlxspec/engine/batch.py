@@ -44,6 +44,7 @@ import mlx.core as mx
 import numpy as np
 from mlx_lm.models.cache import KVCache, create_attention_mask
 
+from mlxspec.blas import govern
 from mlxspec.engine.drafting import Drafter, NoDrafter
 from mlxspec.engine.loop import InvariantError, SpecStats
 from mlxspec.engine.policy import AcceptanceEstimate, Kind, LengthPolicy, compose, expected_tokens
@@ -345,6 +346,65 @@ class SpecBatch:
         self.lens.set(self.lens.list + [n])
         return row, [first]
 
+    def add_many(self, requests: list[dict]) -> list[tuple[Row, list[int]]]:
+        """Prefill several sequences in ONE batched forward and join them -> [(row, [first token])].
+
+        Each request holds `add`'s keyword arguments (prompt_ids, drafter, max_tokens, sampling,
+        seed, eos_ids, policy, tag) but no `cache`: rows with a cached prefix join through `add`.
+        The prompts are padded on the right into a level batch of fresh caches (causal: a row's
+        padding comes after its tokens and is never read), each row's first token comes from
+        its own last prompt position, and its K/V are copied into the batch as `add` copies
+        them. One forward over B prompts costs far less than B forwards on a CPU (the weights are
+        read once; mlx-lm's server prefills its waiting prompts the same way)."""
+        if len(requests) <= 1:
+            return [self.add(**r) for r in requests]
+        rows, prompts = [], []
+        for r in requests:
+            if "cache" in r:
+                raise ValueError("add_many takes no cache: a row with a cached prefix joins through add")
+            drafter = r.get("drafter") or NoDrafter()
+            if tuple(drafter.taps) not in ((), self.taps):
+                raise ValueError(f"the drafter reads taps {tuple(drafter.taps)}, the batch {self.taps}")
+            ids = list(r["prompt_ids"])
+            if not ids:
+                raise ValueError("empty prompt")
+            rows.append(Row(ids, drafter, r.get("sampling", SamplingParams()), np.random.default_rng(r.get("seed", 0)),
+                            frozenset(r.get("eos_ids", frozenset())), r.get("max_tokens", 256), drafter.max_drafts,
+                            compose(r.get("policy")), tag=r.get("tag")))
+            prompts.append(ids)
+        B, P = len(rows), max(len(p) for p in prompts)
+        taps = self.taps if any(tuple(r.drafter.taps) for r in rows) else ()
+        t0 = time.perf_counter()
+        govern()
+        tokens = mx.array([p + [p[-1]] * (P - len(p)) for p in prompts])
+        lens = _Lengths()
+        lens.set([0] * B)
+        fresh = [RaggedKVCache(lens) for _ in self.layers]
+        h, ptaps = self.target._run(lambda: self.target.inner(tokens, cache=fresh), tokens, fresh, taps, "hidden")
+        last = h[mx.arange(B), mx.array([len(p) - 1 for p in prompts])]  # [B, H]: each row's last position
+        logits = self.target.lm_head(last)
+        mx.eval(logits, *([ptaps] if ptaps is not None else []))
+        elapsed = time.perf_counter() - t0
+        out = []
+        for b, (row, ids) in enumerate(zip(rows, prompts)):
+            n = len(ids)
+            first = _pick(logits[b], row.sampling, row.rng)
+            row.stats.prompt_tokens, row.stats.prompt_time = n, elapsed
+            row.drafter.begin(list(ids), ptaps[b : b + 1, :n] if tuple(row.drafter.taps) else None)
+            row.t_gen = time.perf_counter()
+            row.stats.generated = row.produced = 1
+            row.anchor = first
+            out.append((row, [first]))
+            if first in row.eos_ids or row.max_tokens <= 1:
+                row.done = True
+                continue
+            cap = (max([n] + self.lens.list) + STEP - 1) // STEP * STEP + STEP
+            for layer, c in zip(self.layers, fresh):
+                layer.append_row(c.keys[b : b + 1], c.values[b : b + 1], n, cap)
+            self.rows.append(row)
+            self.lens.set(self.lens.list + [n])
+        return out
+
     # -- leaving --------------------------------------------------------------------------
     def extract(self, row: Row) -> TargetCache:
         """A single-sequence copy of the row's cache (its `length` positions)."""
@@ -395,6 +455,7 @@ class SpecBatch:
         L = max(len(b) for b in blocks)
         tokens = mx.array([b + [b[-1]] * (L - len(b)) for b in blocks])
         tv = time.perf_counter()
+        govern()  # OpenBLAS's thread count follows the host's load (as Target.__call__ does)
         # the forward to the final norm, then the LM head over the rows' real block rows only
         # (the head is a fifth of SmolLM2's forward; padding rows would pay it for nothing)
         h, vtaps = self.target._run(lambda: self.target.inner(tokens, cache=self.layers), tokens, self.layers,

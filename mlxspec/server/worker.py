@@ -29,7 +29,6 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-import mlx.core as mx
 
 from mlxspec import api
 from mlxspec.engine.batch import SpecBatch, VerifyBudget, check_batchable
@@ -454,22 +453,25 @@ class Worker:
     def _run_batched(self):
         live: dict[int, _Live] = {}  # id(row) -> the job's state
         while True:
-            # 1. admit: wait for work when idle, else take what is queued, up to max_batch
-            while len(live) < self.max_batch:
+            # 1. admit: wait for work when idle, else take what is queued, up to max_batch; the
+            # new jobs' prompts are prefilled together (`SpecBatch.add_many`)
+            new, stop = [], False
+            while len(live) + len(new) < self.max_batch:
                 try:
-                    job = self.jobs.get(block=not live)
+                    job = self.jobs.get(block=not live and not new)
                 except queue.Empty:
                     break
                 if job is None:
-                    for lv in list(live.values()):
-                        self._leave(live, lv, store=False)
-                    return
+                    stop = True
+                    break
                 with self.lock:
                     self.running.append(job)
-                try:
-                    self._join(live, job)
-                except BaseException as e:  # noqa: BLE001 - the thread must survive any job
-                    self._fail(job, e)
+                new.append(job)
+            self._join_all(live, new)
+            if stop:
+                for lv in list(live.values()):
+                    self._leave(live, lv, store=False)
+                return
             self.metrics.batch_size = len(live)
             if not live:
                 continue
@@ -499,10 +501,47 @@ class Worker:
                 self._after_step(live, lv)
             self.metrics.batch_size = len(live)
 
-    def _join(self, live: dict, job: Job):
+    def _join_all(self, live: dict, jobs: list):
+        """Join new jobs: those with a cached prompt prefix one by one (`SpecBatch.add` continues
+        their cache), the others prefilled together in one forward (`SpecBatch.add_many`)."""
+        together = []
+        for job in jobs:
+            try:
+                prep = self._prepare(job)
+                if prep is None:
+                    continue
+                if prep["n_cached"]:
+                    self._joined(live, prep, *self._add(prep, cache=prep["cache"]), prep["cache"])
+                else:
+                    together.append(prep)
+            except BaseException as e:  # noqa: BLE001 - the thread must survive any job
+                self._fail(job, e)
+        if not together:
+            return
+        try:
+            if len(together) == 1:
+                p = together[0]
+                results = [self._add(p, cache=p["cache"])]
+            else:
+                results = self.batch.add_many([self._request(p) for p in together])
+        except BaseException as e:  # noqa: BLE001
+            for p in together:
+                if p["pooled"] is not None:
+                    self.pool.append(p["pooled"])
+                self._fail(p["job"], e)
+            return
+        for p, (row, first) in zip(together, results):
+            try:
+                # a row done at its first token never joined: its prompt is not stored (no cache of its own)
+                self._joined(live, p, row, first, p["cache"] if len(together) == 1 else None)
+            except BaseException as e:  # noqa: BLE001
+                self._fail(p["job"], e)
+
+    def _prepare(self, job: Job) -> dict | None:
+        """Check a new job and give it a drafter and a cache -> its state, or None (answered)."""
         if self._check_expired(job):
             self._done(job)
-            return
+            return None
         try:
             check_sampling_args(job.max_tokens, job.temp, job.top_p, job.top_k, job.seed)
             ids = check_prompt_ids(job.ids, self.target.info.vocab_size,
@@ -510,27 +549,45 @@ class Worker:
         except MlxspecError as e:
             job.post("error", 400, "invalid_request_error", str(e))
             self._done(job)
-            return
+            return None
         spec, inner, drafter, cache, n_cached = self._start(job)
-        pooled = inner if job.speculative else None
-        sampling = SamplingParams(job.temp, job.top_p, job.top_k)
         try:
             policy = api.make_policy(self.target, drafter, spec, job.temp)  # the whole length policy
-            row, first = self.batch.add(ids, drafter=drafter, max_tokens=job.max_tokens, sampling=sampling, seed=job.seed,
-                                        eos_ids=self.eos, policy=policy, cache=cache, tag=job)
         except BaseException:
-            if pooled is not None:
-                self.pool.append(pooled)
+            if job.speculative:
+                self.pool.append(inner)
             raise
+        return {"job": job, "ids": ids, "spec": spec, "drafter": drafter, "cache": cache, "n_cached": n_cached,
+                "pooled": inner if job.speculative else None, "policy": policy,
+                "sampling": SamplingParams(job.temp, job.top_p, job.top_k)}
+
+    def _request(self, p: dict) -> dict:
+        job = p["job"]
+        return dict(prompt_ids=p["ids"], drafter=p["drafter"], max_tokens=job.max_tokens, sampling=p["sampling"],
+                    seed=job.seed, eos_ids=self.eos, policy=p["policy"], tag=job)
+
+    def _add(self, p: dict, cache):
+        try:
+            return self.batch.add(**self._request(p), cache=cache)
+        except BaseException:
+            if p["pooled"] is not None:
+                self.pool.append(p["pooled"])
+            raise
+
+    def _joined(self, live: dict, p: dict, row, first: list, cache):
+        job = p["job"]
         self.metrics.first_token(time.perf_counter() - job.submitted)
         self.metrics.committed(1)
-        lv = _Live(job, row, drafter, TextStream(self.tokenizer, self.eos, job.max_tokens, job.stop), n_cached, spec,
-                   pooled)
+        lv = _Live(job, row, p["drafter"], TextStream(self.tokenizer, self.eos, job.max_tokens, job.stop),
+                   p["n_cached"], p["spec"], p["pooled"])
         text = lv.text.feed(first)
         if text:
             job.post("text", text)
         if lv.text.finish or row.done:
-            # done after its first token: it never joined the batch; its prefill cache is complete
+            # done after its first token (EOS, max_tokens 1: it never joined the batch; a stop
+            # string: it did, and leaves now)
+            if not row.done:
+                self.batch.remove([row])
             self._finish(lv, cache)
             return
         live[id(row)] = lv
