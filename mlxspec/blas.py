@@ -100,7 +100,8 @@ class ThreadGovernor:
     stay the same (tests/test_blas.py), and set MLXSPEC_BLAS_THREADS=N for bitwise-repeatable
     runs. It does nothing where OpenBLAS is not loaded (macOS, the GPU),
     where the user fixed the count (MLXSPEC_BLAS_THREADS=N or OPENBLAS_NUM_THREADS) or where
-    `set_blas_threads` pinned it (distributed pipeline stages).
+    `set_blas_threads` pinned it (tensor-parallel ranks, which compute at once; pipeline
+    stages are governed with the other stages counted as their own: `share_cores_with`).
     """
 
     def __init__(self, period: float = 0.5, cores: int | None = None, sample=None, apply=None, clock=None,
@@ -202,11 +203,14 @@ def govern() -> int | None:
     """One tick of the process's `ThreadGovernor` (created at the first call; None when the
     thread count is not ours to choose). -> the thread count in use, if governed."""
     if not _GOVERNOR:
-        auto = (sys.platform.startswith("linux") and device.blas_threads_setting() is None
-                and _openblas() is not None)
-        _GOVERNOR.append(ThreadGovernor() if auto else None)
+        _GOVERNOR.append(ThreadGovernor() if _governable() else None)
     g = _GOVERNOR[0]
     return g.tick() if g is not None and not _PINNED else None
+
+
+def _governable() -> bool:
+    """The thread count is ours to choose: Linux, OpenBLAS loaded, no count fixed by the user."""
+    return sys.platform.startswith("linux") and device.blas_threads_setting() is None and _openblas() is not None
 
 
 def share_cores_with(pids) -> bool:
@@ -214,13 +218,13 @@ def share_cores_with(pids) -> bool:
     CPU of `pids` as its own: processes that compute only while this one waits (the other
     pipeline stages on this host). -> True when governed (False: OpenBLAS not loaded, not
     Linux, or the user fixed the count)."""
-    if not (sys.platform.startswith("linux") and device.blas_threads_setting() is None and _openblas() is not None):
+    if not _governable():
         return False
     _PINNED.clear()
     _GOVERNOR.clear()
     _GOVERNOR.append(ThreadGovernor(exclude=pids))
-    _set_threads(_usable_cores())
-    _GOVERNOR[0].threads = _usable_cores()
+    _set_threads(_GOVERNOR[0].cores)
+    _GOVERNOR[0].threads = _GOVERNOR[0].cores
     return True
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import resource
 import subprocess
 import sys
@@ -134,12 +133,6 @@ def interleaved(job: dict, target, tok, ids, spec) -> dict:
     return res
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def random_llama(path: str) -> str:
     """A random SmolLM2-sized llama with 8 heads / 4 KV heads (divisible: tensor parallel)."""
     import mlx.core as mx
@@ -171,10 +164,12 @@ def run_once(a, n: int, draft, spec_kw) -> dict | None:
     if n > 1 and a.launcher == "mlxspec":  # what `mlxspec generate --ranks N` runs
         cmd = [sys.executable, "-m", "mlxspec.distributed.launch", "-n", str(n), "--"] + cmd
     elif n > 1:
+        from mlxspec.distributed.launch import free_ports
+
         hosts = a.hosts.split(",")
         per = max(1, n // len(hosts))
         cmd = [str(Path(sys.executable).parent / "mlx.launch"), "--backend", "ring", "--hosts", a.hosts,
-               "-n", str(per), "-p", str(free_port()), "--"] + cmd
+               "-n", str(per), "-p", str(free_ports(1)[0]), "--"] + cmd
     load0 = os.getloadavg()[0]
     ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()

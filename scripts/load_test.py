@@ -38,6 +38,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 PROMPTS = [
@@ -177,6 +178,19 @@ def _mlx_lm_dir(a) -> str:
     return str(out)
 
 
+@dataclass
+class _Server:
+    """One server of `--compare`, up for the whole run."""
+
+    name: str
+    cmd: list
+    levels: list
+    model: str | None
+    port: int
+    proc: subprocess.Popen
+    log: Path
+
+
 def compare(a) -> int:
     levels = [int(x) for x in a.levels.split(",")]
     prompts = [PROMPTS[i % len(PROMPTS)] + f" (request {i})" for i in range(a.requests)]
@@ -198,23 +212,24 @@ def compare(a) -> int:
     # every server at once (each idles while another is measured), then level by level, each
     # server in turn: the pairs compared at a level run minutes apart, not a whole server's run
     # apart (this host's speed drifts by tens of percent within minutes)
-    live = []  # (name, cmd, levels, model, port, proc)
+    live: list[_Server] = []
     try:
         for name, cmd, lv, model in servers:
             port = _free_port()
             log_path = Path(a.workdir) / f"{name.split()[0]}-{port}.log"
             proc = subprocess.Popen(cmd + ["--port", str(port)], stdout=open(log_path, "w"), stderr=subprocess.STDOUT)
-            live.append([name, cmd, lv, model, port, proc, log_path])
-        for e in live:
-            e[3] = _wait_up(e[5], e[4], e[6]).get("model") or e[3]
-            stream_chat("127.0.0.1", e[4], None, e[3], [{"role": "user", "content": "Hello"}], 4)  # warm-up
-        rows = {e[0]: [] for e in live}
+            live.append(_Server(name, cmd, lv, model, port, proc, log_path))
+        for sv in live:
+            sv.model = _wait_up(sv.proc, sv.port, sv.log).get("model") or sv.model
+            stream_chat("127.0.0.1", sv.port, None, sv.model, [{"role": "user", "content": "Hello"}], 4)  # warm-up
+        rows = {sv.name: [] for sv in live}
         refs = {}
         for c in levels:
-            for name, cmd, lv, model, port, proc, _log in live:
-                if c not in lv:
+            for sv in live:
+                if c not in sv.levels:
                     continue
-                summary, res = run_level("127.0.0.1", port, None, model, prompts, c, a.max_tokens, a.time_limit)
+                name = sv.name
+                summary, res = run_level("127.0.0.1", sv.port, None, sv.model, prompts, c, a.max_tokens, a.time_limit)
                 texts = [r["text"] if r else None for r in res]
                 ref = refs.setdefault(name, texts)
                 summary["equal_to_concurrency_1"] = sum(t is not None and t == r0 for t, r0 in zip(texts, ref))
@@ -224,13 +239,14 @@ def compare(a) -> int:
                       f"{summary['per_request_tok_s_p50']:6.2f} per request, TTFT p50 {summary['ttft_p50_s']:.2f} s "
                       f"p95 {summary['ttft_p95_s']:.2f} s, errors {summary['errors']}, "
                       f"equal to c=1 {summary['equal_to_concurrency_1']}/{len(prompts)}", flush=True)
-        for name, cmd, lv, model, port, proc, _log in live:
+        for sv in live:
+            name, cmd = sv.name, sv.cmd
             entry = {"command": " ".join(cmd[2:] if cmd[0] == sys.executable else cmd), "levels": rows[name]}
             if name == "mlxspec serve" and a.bounded:
                 ref = refs[name]
                 big = [prompts[i % len(prompts)] for i in range(a.bounded)]
                 bmt = a.bounded_max_tokens or a.max_tokens
-                summary, res = run_level("127.0.0.1", port, None, model, big, levels[-1], bmt, a.time_limit)
+                summary, res = run_level("127.0.0.1", sv.port, None, sv.model, big, levels[-1], bmt, a.time_limit)
                 # a shorter greedy answer is the concurrency-1 answer's prefix (same model, same prompt)
                 summary["max_tokens"] = bmt
                 summary["equal_to_concurrency_1"] = sum(
@@ -243,14 +259,14 @@ def compare(a) -> int:
                 failed |= summary["errors"] > 0
             out["servers"][name] = entry
     finally:
-        for e in live:
-            e[5].terminate()
-        for e in live:
+        for sv in live:
+            sv.proc.terminate()
+        for sv in live:
             try:
-                e[5].wait(30)
+                sv.proc.wait(30)
             except subprocess.TimeoutExpired:
-                e[5].kill()
-                e[5].wait()
+                sv.proc.kill()
+                sv.proc.wait()
     out["load_average_at_end"] = os.getloadavg()
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)

@@ -95,18 +95,17 @@ def _bench(a, s, blas_msg) -> int:
     ms = {L: 1000.0 / v for L, v in sps.items()}
 
     # mlx_lm's own copy of the weights, resident beside mlxspec's for the whole run: the rows
-    # run interleaved, round by round (`time_interleaved`); each row's peak leaves out the bytes
-    # the others hold
+    # run interleaved, generation by generation (`time_interleaved`); each row's peak leaves out
+    # the bytes the others hold
     before = mx.get_active_memory()
     model, hf_tok = mlx_lm.load(str(mdir))
     hf_tok.eos_token_ids = eos
     held[MLX_LM] = max(0, mx.get_active_memory() - before)
     runners = {c["label"]: mlxspec_runner(target, eos, specs[c["label"]]) for c in configs if c["engine"] == "mlxspec"}
     runners[MLX_LM] = mlx_lm_runner(model, hf_tok)
-    target_bytes = base
 
     def elsewhere(label):
-        own = held[label] + (0 if label == MLX_LM else target_bytes)
+        own = held[label] + (0 if label == MLX_LM else base)  # base: the mlxspec target
         return max(0, mx.get_active_memory() - own)
 
     total = len(configs) * len(s["temps"]) * s["repeats"] * n_prompts

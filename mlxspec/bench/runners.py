@@ -1,6 +1,6 @@
 """The engines bench times: a runner is run(ids, temp, seed, max_tokens) -> (tokens, seconds
 from the first token to the last, SpecStats | None), and `time_interleaved` drives them all over the
-run's prompts, temperatures and repeats, round by round."""
+run's prompts, temperatures and repeats, generation by generation."""
 
 from __future__ import annotations
 
@@ -107,12 +107,9 @@ def mlx_lm_runner(model, tokenizer):
     return run
 
 
-def time_one(run, s, temp, rep: int, r: dict, c: str, i: int, n_prompts: int, ids, k: int) -> None:
+def time_one(run, s, temp, rep: int, r: dict, c: str, i: int, ids, k: int) -> None:
     """One generation of one configuration: prompt i of category c (seed + k), into r
     ({"tps": {cat: [[per repeat] per prompt]}, "stats": {cat: [SpecStats]}, "tokens": {cat: [...]}})."""
-    r["tps"].setdefault(c, [[] for _ in range(n_prompts)])
-    r["stats"].setdefault(c, [])  # one SpecStats per generation
-    r["tokens"].setdefault(c, [None] * n_prompts)
     out, dt, st = run(ids, temp, s["seed"] + k, s["max_tokens"])
     r["tps"][c][i].append((len(out) - 1) / dt if len(out) > 1 and dt > 0 else None)
     if st is not None:
@@ -131,14 +128,16 @@ def time_interleaved(configs, runners: dict, s, prompts, bar, resident_elsewhere
     -> {label: {temp: {"tps", "stats", "tokens", "peak"}}}"""
     res = {c["label"]: {} for c in configs}
     first = prompts[s["categories"][0]][0]
-    work = []  # (category, index, prompt ids, seed offset): seed + k, k over all categories
-    for c in s["categories"]:
-        work += [(c, i, ids) for i, ids in enumerate(prompts[c])]
+    # (category, index in it, prompt ids); the position k in this list gives the seed, seed + k
+    work = [(c, i, ids) for c in s["categories"] for i, ids in enumerate(prompts[c])]
     for temp in s["temps"]:
         for c in configs:
             bar.set_postfix_str(f"warm-up {c['label']} T={temp:g}")
             runners[c["label"]](first, temp, s["seed"], 8)  # kernels, allocator
-            res[c["label"]][temp] = {"tps": {}, "stats": {}, "tokens": {}, "peak": 0}
+            res[c["label"]][temp] = {"tps": {cat: [[] for _ in prompts[cat]] for cat in s["categories"]},
+                                     "stats": {cat: [] for cat in s["categories"]},  # one SpecStats per generation
+                                     "tokens": {cat: [None] * len(prompts[cat]) for cat in s["categories"]},
+                                     "peak": 0}
         for rep in range(s["repeats"]):
             for k, (cat, i, ids) in enumerate(work):
                 for c in configs:
@@ -146,7 +145,7 @@ def time_interleaved(configs, runners: dict, s, prompts, bar, resident_elsewhere
                     bar.set_postfix_str(f"{label} T={temp:g} repeat {rep + 1}/{s['repeats']}")
                     mx.reset_peak_memory()
                     r = res[label][temp]
-                    time_one(runners[label], s, temp, rep, r, cat, i, len(prompts[cat]), ids, k)
+                    time_one(runners[label], s, temp, rep, r, cat, i, ids, k)
                     r["peak"] = max(r["peak"], mx.get_peak_memory() - resident_elsewhere(label))
                     bar.update(1)
     return res

@@ -41,8 +41,8 @@ def limit_blas_threads(rank: int) -> int | None:
     """Ranks on one host share its cores: OpenBLAS's threads per rank = cores / ranks on this
     host (loading and tensor parallel run at once; pipeline stages, see there). Its idle threads spin, so 2
     ranks x 2 threads on 2 cores slowed every matmul ~10x (measured). Left alone when
-    OPENBLAS_NUM_THREADS is set. -> the thread count set, or None. (Pipeline stages keep
-    it too: `mlxspec.distributed.pipeline`.)"""
+    OPENBLAS_NUM_THREADS is set. -> the thread count set, or None. (Pipeline stages hand
+    the count back to the governor once they are wired: `mlxspec.distributed.pipeline`.)"""
     local = ranks_on_my_host(rank)
     if os.environ.get("OPENBLAS_NUM_THREADS") or local is None:
         return None

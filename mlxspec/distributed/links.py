@@ -48,7 +48,7 @@ class Links:
     A message: "<ii" (int32 words, payload bytes), the words, the payload."""
 
     park = None  # called before every sleep (DistTarget: OpenBLAS's spinning idle workers)
-    local_pids: list = []  # the other ranks on this host
+    local_pids: list | tuple = ()  # the other ranks on this host
 
     def __init__(self, socks: dict, wd: Watchdog):
         self.socks, self.wd = socks, wd

@@ -296,55 +296,59 @@ class SpecBatch:
         return len(self.rows)
 
     # -- joining ------------------------------------------------------------------------
-    def add(
-        self,
-        prompt_ids: list[int],
-        *,
-        drafter: Drafter | None = None,
-        max_tokens: int = 256,
-        sampling: SamplingParams = SamplingParams(),
-        seed: int | None = 0,
-        eos_ids: set[int] | frozenset = frozenset(),
-        policy: LengthPolicy | None = None,
-        cache: list | None = None,
-        tag=None,
-    ) -> tuple[Row, list[int]]:
-        """Prefill one sequence alone and join it to the batch -> (row, [first token]).
-
-        Arguments as `generate_steps`'; `cache` may hold a prefix of the prompt (the server's
-        prompt cache) and is consumed. A row that is done after its first token (EOS,
-        max_tokens 1) does not join."""
+    def _row(self, prompt_ids: list[int], *, drafter: Drafter | None = None, max_tokens: int = 256,
+             sampling: SamplingParams = SamplingParams(), seed: int | None = 0,
+             eos_ids: set[int] | frozenset = frozenset(), policy: LengthPolicy | None = None, tag=None) -> Row:
+        """A joining sequence's row (checked; not prefilled yet). Arguments as `generate_steps`'."""
         drafter = drafter or NoDrafter()
         if tuple(drafter.taps) not in ((), self.taps):
             raise ValueError(f"the drafter reads taps {tuple(drafter.taps)}, the batch {self.taps}")
         if not prompt_ids:
             raise ValueError("empty prompt")
+        return Row(list(prompt_ids), drafter, sampling, np.random.default_rng(seed), frozenset(eos_ids), max_tokens,
+                   drafter.max_drafts, compose(policy), tag=tag)
+
+    def _start_row(self, row: Row, logits: mx.array, ptaps, prompt_time: float, keys, values, n: int) -> list[int]:
+        """After its prefill: the row's first token, its drafter's context, and (unless it is
+        done already: EOS, max_tokens 1) its n positions' K/V (per layer [1, n_kv, >= n, hd])
+        copied into the batch -> [first token]."""
+        first = _pick(logits, row.sampling, row.rng)
+        row.stats.prompt_tokens, row.stats.prompt_time = len(row.prompt_ids), prompt_time
+        row.drafter.begin(list(row.prompt_ids), ptaps)
+        row.t_gen = time.perf_counter()
+        row.stats.generated = row.produced = 1
+        row.anchor = first
+        if first in row.eos_ids or row.max_tokens <= 1:
+            row.done = True
+            return [first]
+        cap = (max([n] + self.lens.list) + STEP - 1) // STEP * STEP + STEP
+        for layer, k, v in zip(self.layers, keys, values):
+            layer.append_row(k, v, n, cap)
+        self.rows.append(row)
+        self.lens.set(self.lens.list + [n])
+        return [first]
+
+    def add(self, prompt_ids: list[int], *, cache: list | None = None, **kw) -> tuple[Row, list[int]]:
+        """Prefill one sequence alone and join it to the batch -> (row, [first token]).
+
+        Keyword arguments as `generate_steps`' (drafter, max_tokens, sampling, seed, eos_ids,
+        policy) and the caller's `tag`; `cache` may hold a prefix of the prompt (the server's
+        prompt cache) and is consumed. A row that is done after its first token (EOS,
+        max_tokens 1) does not join."""
+        row = self._row(prompt_ids, **kw)
         cache = self.target.make_cache() if cache is None else cache
         n_cached = cache_length(cache)
         if n_cached >= len(prompt_ids):
             raise ValueError(f"the cache holds {n_cached} tokens; at least one of the {len(prompt_ids)} "
                              "prompt tokens must remain to prefill")
-        row = Row(list(prompt_ids), drafter, sampling, np.random.default_rng(seed), frozenset(eos_ids), max_tokens,
-                  drafter.max_drafts, compose(policy), tag=tag)
         t0 = time.perf_counter()
-        taps = tuple(drafter.taps)
-        logits, ptaps = self.target(mx.array([prompt_ids[n_cached:]]), cache, taps=taps, logits="last")
-        first = _pick(logits[0, -1], sampling, row.rng)
-        row.stats.prompt_tokens, row.stats.prompt_time = len(prompt_ids), time.perf_counter() - t0
-        drafter.begin(list(prompt_ids), ptaps)
-        row.t_gen = time.perf_counter()
-        row.stats.generated = row.produced = 1
-        row.anchor = first
-        if first in row.eos_ids or max_tokens <= 1:
-            row.done = True
-            return row, [first]
-        n = cache_length(cache)
-        cap = (max([n] + self.lens.list) + STEP - 1) // STEP * STEP + STEP
-        for layer, c in zip(self.layers, cache):
-            layer.append_row(c.keys, c.values, n, cap)
-        self.rows.append(row)
-        self.lens.set(self.lens.list + [n])
-        return row, [first]
+        logits, ptaps = self.target(mx.array([prompt_ids[n_cached:]]), cache, taps=tuple(row.drafter.taps),
+                                    logits="last")
+        logits = logits[0, -1]
+        mx.eval(logits)
+        first = self._start_row(row, logits, ptaps, time.perf_counter() - t0, [c.keys for c in cache],
+                                [c.values for c in cache], cache_length(cache))
+        return row, first
 
     def add_many(self, requests: list[dict]) -> list[tuple[Row, list[int]]]:
         """Prefill several sequences in ONE batched forward and join them -> [(row, [first token])].
@@ -358,20 +362,10 @@ class SpecBatch:
         read once; mlx-lm's server prefills its waiting prompts the same way)."""
         if len(requests) <= 1:
             return [self.add(**r) for r in requests]
-        rows, prompts = [], []
-        for r in requests:
-            if "cache" in r:
-                raise ValueError("add_many takes no cache: a row with a cached prefix joins through add")
-            drafter = r.get("drafter") or NoDrafter()
-            if tuple(drafter.taps) not in ((), self.taps):
-                raise ValueError(f"the drafter reads taps {tuple(drafter.taps)}, the batch {self.taps}")
-            ids = list(r["prompt_ids"])
-            if not ids:
-                raise ValueError("empty prompt")
-            rows.append(Row(ids, drafter, r.get("sampling", SamplingParams()), np.random.default_rng(r.get("seed", 0)),
-                            frozenset(r.get("eos_ids", frozenset())), r.get("max_tokens", 256), drafter.max_drafts,
-                            compose(r.get("policy")), tag=r.get("tag")))
-            prompts.append(ids)
+        if any("cache" in r for r in requests):
+            raise ValueError("add_many takes no cache: a row with a cached prefix joins through add")
+        rows = [self._row(**r) for r in requests]
+        prompts = [r.prompt_ids for r in rows]
         B, P = len(rows), max(len(p) for p in prompts)
         taps = self.taps if any(tuple(r.drafter.taps) for r in rows) else ()
         t0 = time.perf_counter()
@@ -388,21 +382,9 @@ class SpecBatch:
         out = []
         for b, (row, ids) in enumerate(zip(rows, prompts)):
             n = len(ids)
-            first = _pick(logits[b], row.sampling, row.rng)
-            row.stats.prompt_tokens, row.stats.prompt_time = n, elapsed
-            row.drafter.begin(list(ids), ptaps[b : b + 1, :n] if tuple(row.drafter.taps) else None)
-            row.t_gen = time.perf_counter()
-            row.stats.generated = row.produced = 1
-            row.anchor = first
-            out.append((row, [first]))
-            if first in row.eos_ids or row.max_tokens <= 1:
-                row.done = True
-                continue
-            cap = (max([n] + self.lens.list) + STEP - 1) // STEP * STEP + STEP
-            for layer, c in zip(self.layers, fresh):
-                layer.append_row(c.keys[b : b + 1], c.values[b : b + 1], n, cap)
-            self.rows.append(row)
-            self.lens.set(self.lens.list + [n])
+            first = self._start_row(row, logits[b], ptaps[b : b + 1, :n] if tuple(row.drafter.taps) else None, elapsed,
+                                    [c.keys[b : b + 1] for c in fresh], [c.values[b : b + 1] for c in fresh], n)
+            out.append((row, first))
         return out
 
     # -- leaving --------------------------------------------------------------------------

@@ -29,7 +29,6 @@ import time
 import traceback
 from dataclasses import dataclass, field
 
-
 from mlxspec import api
 from mlxspec.engine.batch import SpecBatch, VerifyBudget, check_batchable
 from mlxspec.engine.verify import SamplingParams
@@ -503,39 +502,50 @@ class Worker:
 
     def _join_all(self, live: dict, jobs: list):
         """Join new jobs: those with a cached prompt prefix one by one (`SpecBatch.add` continues
-        their cache), the others prefilled together in one forward (`SpecBatch.add_many`)."""
-        together = []
+        their cache), the others prefilled together in one forward (`SpecBatch.add_many`; one
+        alone through `add` with its fresh cache, which the prompt cache can keep if it is done
+        at its first token)."""
+        alone, together = [], []
         for job in jobs:
             try:
                 prep = self._prepare(job)
-                if prep is None:
-                    continue
-                if prep["n_cached"]:
-                    self._joined(live, prep, *self._add(prep, cache=prep["cache"]), prep["cache"])
-                else:
-                    together.append(prep)
             except BaseException as e:  # noqa: BLE001 - the thread must survive any job
                 self._fail(job, e)
+                continue
+            if prep is not None:
+                (alone if prep["n_cached"] else together).append(prep)
+        if len(together) == 1:
+            alone, together = alone + together, []
+        for p in alone:
+            try:
+                row, first = self.batch.add(**self._request(p), cache=p["cache"])
+            except BaseException as e:  # noqa: BLE001
+                self._abandon(p, e)
+                continue
+            self._joined_or_fail(live, p, row, first, p["cache"])
         if not together:
             return
         try:
-            if len(together) == 1:
-                p = together[0]
-                results = [self._add(p, cache=p["cache"])]
-            else:
-                results = self.batch.add_many([self._request(p) for p in together])
-        except BaseException as e:  # noqa: BLE001
+            results = self.batch.add_many([self._request(p) for p in together])
+        except BaseException as e:  # noqa: BLE001 - a failed prefill fails every job in it
             for p in together:
-                if p["pooled"] is not None:
-                    self.pool.append(p["pooled"])
-                self._fail(p["job"], e)
+                self._abandon(p, e)
             return
         for p, (row, first) in zip(together, results):
-            try:
-                # a row done at its first token never joined: its prompt is not stored (no cache of its own)
-                self._joined(live, p, row, first, p["cache"] if len(together) == 1 else None)
-            except BaseException as e:  # noqa: BLE001
-                self._fail(p["job"], e)
+            # a row done at its first token never joined: its prompt is not stored (no cache of its own)
+            self._joined_or_fail(live, p, row, first, None)
+
+    def _joined_or_fail(self, live: dict, p: dict, row, first: list, cache):
+        try:
+            self._joined(live, p, row, first, cache)
+        except BaseException as e:  # noqa: BLE001 - the thread must survive any job
+            self._fail(p["job"], e)
+
+    def _abandon(self, p: dict, e: BaseException):
+        """A prepared job whose join failed: its pooled drafter back, the job answered 500."""
+        if p["pooled"] is not None:
+            self.pool.append(p["pooled"])
+        self._fail(p["job"], e)
 
     def _prepare(self, job: Job) -> dict | None:
         """Check a new job and give it a drafter and a cache -> its state, or None (answered)."""
@@ -565,14 +575,6 @@ class Worker:
         job = p["job"]
         return dict(prompt_ids=p["ids"], drafter=p["drafter"], max_tokens=job.max_tokens, sampling=p["sampling"],
                     seed=job.seed, eos_ids=self.eos, policy=p["policy"], tag=job)
-
-    def _add(self, p: dict, cache):
-        try:
-            return self.batch.add(**self._request(p), cache=cache)
-        except BaseException:
-            if p["pooled"] is not None:
-                self.pool.append(p["pooled"])
-            raise
 
     def _joined(self, live: dict, p: dict, row, first: list, cache):
         job = p["job"]
