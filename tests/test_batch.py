@@ -103,8 +103,49 @@ def test_rows_prefilled_together_equal_their_solo_runs(default):
         for row, committed in b.step():
             out[row.tag] += committed
     assert [out[k] for k in range(4)] == refs
-    with pytest.raises(ValueError, match="no cache"):
-        b.add_many([dict(req(1), cache=None), req(2)])
+
+
+def test_rows_joining_from_cached_prefixes_together_equal_their_solo_runs(default):
+    """`add_many` with prompt-cache hits (the server's second turn): two rows start from cached
+    prefixes of different lengths (their drafters given the prefix taps, as the server's
+    `ContextDrafter` does), one from nothing, prefilled in one forward while a row runs: each
+    row's tokens equal its solo run. A cache holding the whole prompt is refused."""
+    import mlx.core as mx
+
+    from mlxspec.server.prompt_cache import ContextDrafter
+
+    target, spec, eos, ids = default
+    refs = [solo(target, spec, eos, i) for i in ids]
+    taps = tuple(spec.make_drafter(target).taps)
+    b = SpecBatch(target, taps=taps)
+
+    def req(k, n_cached=0):
+        cache, ptaps = None, None
+        if n_cached:
+            cache = target.make_cache()
+            _, ptaps = target(mx.array([ids[k][:n_cached]]), cache, taps=taps, logits="last")
+        d = ContextDrafter(spec.make_drafter(target), ids[k][:n_cached], ptaps)
+        return dict(prompt_ids=ids[k], drafter=d, max_tokens=MAX, eos_ids=eos,
+                    policy=api.make_policy(target, d, spec), tag=k, cache=cache)
+
+    out = {}
+    row, first = b.add(**{k: v for k, v in req(0).items() if k != "cache"})
+    out[0] = list(first)
+    for row, committed in b.step():
+        out[row.tag] += committed
+    joined = b.add_many([req(1, len(ids[1]) - 1), req(2), req(3, len(ids[3]) // 2)])
+    assert [r.tag for r, _ in joined] == [1, 2, 3] and len(b) == 4
+    for r, first in joined:
+        out[r.tag] = list(first)
+    while any(not r.done for r in b.rows):
+        for row, committed in b.step():
+            out[row.tag] += committed
+    assert [out[k] for k in range(4)] == refs
+    whole = req(1, len(ids[1]) - 1)
+    whole["cache"] = target.make_cache()
+    target(mx.array([ids[1]]), whole["cache"], logits="last")
+    with pytest.raises(ValueError, match="at least one of the"):
+        b.add_many([whole, req(2)])
 
 
 def test_extracted_row_cache_continues_like_the_solo_cache(default):

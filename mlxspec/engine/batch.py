@@ -20,9 +20,10 @@ rows keep different numbers of tokens every row but the longest would have to be
 right (a copy of its whole cache, every step) or carry holes in a per-row mask. Per-row
 lengths make rollback free and let a row's prompt be copied in once, at its join.
 
-Sequences join between steps (`add`): the prompt is prefilled alone, in a cache of its own
-as `generate_steps` does (so the server's prompt cache still applies), then its K/V are
-copied into the batch. Finished or removed rows leave between steps (`remove`; `extract`
+Sequences join between steps: `add` prefills one prompt alone, in a cache of its own as
+`generate_steps` does (a prompt cache can keep it), `add_many` prefills several, each from
+its own cached prefix if it has one, in one forward; then their K/V are copied into the
+batch, one concatenation per layer. Finished or removed rows leave between steps (`remove`; `extract`
 gives a row's cache back as a single-sequence `TargetCache`).
 
 Batching needs plain KV caches (dense targets). Targets with sliding-window (rotating) or
@@ -142,21 +143,21 @@ class RaggedKVCache:
         return mask[:, None]
 
     # -- rows joining and leaving (between steps) -----------------------------------
-    def append_row(self, keys: mx.array, values: mx.array, n: int, capacity: int) -> None:
-        """Add a row whose n positions are keys/values[:, :, :n] ([1, n_kv, >= n, hd])."""
-        k, v = keys[:, :, :n], values[:, :, :n]
+    def append_rows(self, keys: mx.array, values: mx.array, capacity: int) -> None:
+        """Add rows ([b, n_kv, C, hd]; each row's slots past its length are never read) with
+        room for `capacity` slots at least: one concatenation, whatever b is."""
+        cap = max(capacity, self.keys.shape[2] if self.keys is not None else keys.shape[2])
+
+        def fit(a):
+            a = a[:, :, :cap]
+            return mx.pad(a, [(0, 0), (0, 0), (0, cap - a.shape[2]), (0, 0)]) if a.shape[2] < cap else a
+
+        k, v = fit(keys), fit(values)
         if self.keys is None:
-            cap = capacity
-            pad = [(0, 0), (0, 0), (0, cap - n), (0, 0)]
-            self.keys, self.values = mx.pad(k, pad), mx.pad(v, pad)
+            self.keys, self.values = k, v
             return
-        cap = max(self.keys.shape[2], capacity)
-        if cap > self.keys.shape[2]:
-            grow = [(0, 0), (0, 0), (0, cap - self.keys.shape[2]), (0, 0)]
-            self.keys, self.values = mx.pad(self.keys, grow), mx.pad(self.values, grow)
-        pad = [(0, 0), (0, 0), (0, cap - n), (0, 0)]
-        self.keys = mx.concatenate([self.keys, mx.pad(k, pad)], axis=0)
-        self.values = mx.concatenate([self.values, mx.pad(v, pad)], axis=0)
+        self.keys = mx.concatenate([fit(self.keys), k], axis=0)
+        self.values = mx.concatenate([fit(self.values), v], axis=0)
 
     def keep_rows(self, rows: list[int]) -> None:
         if not rows:
@@ -308,10 +309,10 @@ class SpecBatch:
         return Row(list(prompt_ids), drafter, sampling, np.random.default_rng(seed), frozenset(eos_ids), max_tokens,
                    drafter.max_drafts, compose(policy), tag=tag)
 
-    def _start_row(self, row: Row, logits: mx.array, ptaps, prompt_time: float, keys, values, n: int) -> list[int]:
-        """After its prefill: the row's first token, its drafter's context, and (unless it is
-        done already: EOS, max_tokens 1) its n positions' K/V (per layer [1, n_kv, >= n, hd])
-        copied into the batch -> [first token]."""
+    def _start_row(self, row: Row, logits: mx.array, ptaps, prompt_time: float) -> list[int]:
+        """After its prefill: the row's first token and its drafter's context -> [first token].
+        A row done already (EOS, max_tokens 1) is marked `done` and does not join; the caller
+        copies the joining rows' K/V in (`_join`)."""
         first = _pick(logits, row.sampling, row.rng)
         row.stats.prompt_tokens, row.stats.prompt_time = len(row.prompt_ids), prompt_time
         row.drafter.begin(list(row.prompt_ids), ptaps)
@@ -320,13 +321,19 @@ class SpecBatch:
         row.anchor = first
         if first in row.eos_ids or row.max_tokens <= 1:
             row.done = True
-            return [first]
-        cap = (max([n] + self.lens.list) + STEP - 1) // STEP * STEP + STEP
-        for layer, k, v in zip(self.layers, keys, values):
-            layer.append_row(k, v, n, cap)
-        self.rows.append(row)
-        self.lens.set(self.lens.list + [n])
         return [first]
+
+    def _join(self, rows: list[Row], keys: list, values: list, ns: list[int]) -> None:
+        """Copy joining rows in: per layer, keys/values [len(rows), n_kv, >= max(ns), hd], row i's
+        first ns[i] slots its positions; ONE concatenation per layer for all of them (one per
+        row would copy the growing batch once per row)."""
+        if not rows:
+            return
+        cap = (max(ns + self.lens.list) + STEP - 1) // STEP * STEP  # later steps grow it (`_grow`)
+        for layer, k, v in zip(self.layers, keys, values):
+            layer.append_rows(k, v, cap)
+        self.rows += rows
+        self.lens.set(self.lens.list + list(ns))
 
     def add(self, prompt_ids: list[int], *, cache: list | None = None, **kw) -> tuple[Row, list[int]]:
         """Prefill one sequence alone and join it to the batch -> (row, [first token]).
@@ -346,45 +353,72 @@ class SpecBatch:
                                     logits="last")
         logits = logits[0, -1]
         mx.eval(logits)
-        first = self._start_row(row, logits, ptaps, time.perf_counter() - t0, [c.keys for c in cache],
-                                [c.values for c in cache], cache_length(cache))
+        first = self._start_row(row, logits, ptaps, time.perf_counter() - t0)
+        if not row.done:
+            self._join([row], [c.keys for c in cache], [c.values for c in cache], [cache_length(cache)])
         return row, first
 
     def add_many(self, requests: list[dict]) -> list[tuple[Row, list[int]]]:
         """Prefill several sequences in ONE batched forward and join them -> [(row, [first token])].
 
         Each request holds `add`'s keyword arguments (prompt_ids, drafter, max_tokens, sampling,
-        seed, eos_ids, policy, tag) but no `cache`: rows with a cached prefix join through `add`.
-        The prompts are padded on the right into a level batch of fresh caches (causal: a row's
-        padding comes after its tokens and is never read), each row's first token comes from
-        its own last prompt position, and its K/V are copied into the batch as `add` copies
-        them. One forward over B prompts costs far less than B forwards on a CPU (the weights are
-        read once; mlx-lm's server prefills its waiting prompts the same way)."""
+        seed, eos_ids, policy, tag, and optionally `cache`, a prefix of its prompt: the server's
+        prompt cache). The rows start at their cached lengths (per-row lengths, as in a step) and
+        the uncached rest of each prompt is padded on the right (causal: a row's padding comes
+        after its tokens and is never read); each row's first token comes from its own last
+        prompt position, and its K/V are copied into the batch with the others' in one
+        concatenation per layer. One forward over B prompts costs far less than B forwards on a
+        CPU (the weights are read once; mlx-lm's server prefills its waiting prompts the same
+        way). Unlike `add`, a `cache` is read, not extended: a row done at its first token (EOS,
+        max_tokens 1) leaves nothing to store."""
         if len(requests) <= 1:
             return [self.add(**r) for r in requests]
-        if any("cache" in r for r in requests):
-            raise ValueError("add_many takes no cache: a row with a cached prefix joins through add")
-        rows = [self._row(**r) for r in requests]
-        prompts = [r.prompt_ids for r in rows]
-        B, P = len(rows), max(len(p) for p in prompts)
+        caches = [r.get("cache") for r in requests]
+        rows = [self._row(**{k: v for k, v in r.items() if k != "cache"}) for r in requests]
+        cached = [cache_length(c) if c is not None else 0 for c in caches]
+        for row, n in zip(rows, cached):
+            if n >= len(row.prompt_ids):
+                raise ValueError(f"the cache holds {n} tokens; at least one of the {len(row.prompt_ids)} "
+                                 "prompt tokens must remain to prefill")
+        rest = [r.prompt_ids[n:] for r, n in zip(rows, cached)]
+        B, S = len(rows), max(len(p) for p in rest)
         taps = self.taps if any(tuple(r.drafter.taps) for r in rows) else ()
         t0 = time.perf_counter()
         govern()
-        tokens = mx.array([p + [p[-1]] * (P - len(p)) for p in prompts])
+        tokens = mx.array([p + [p[-1]] * (S - len(p)) for p in rest])
         lens = _Lengths()
-        lens.set([0] * B)
+        lens.set(cached)
         fresh = [RaggedKVCache(lens) for _ in self.layers]
+        if any(cached):  # the cached prefixes, one buffer per layer, each row at slots 0..n-1
+            cap = (max(cached) + S + STEP - 1) // STEP * STEP
+            ref = next(c for c in caches if c is not None and cache_length(c))
+            for i, layer in enumerate(fresh):
+                parts = {"keys": [], "values": []}
+                for c, n in zip(caches, cached):
+                    for name in parts:
+                        like = getattr(ref[i], name)
+                        if n:
+                            a = getattr(c[i], name)[:, :, :n]
+                            parts[name].append(mx.pad(a, [(0, 0), (0, 0), (0, cap - n), (0, 0)]))
+                        else:
+                            parts[name].append(mx.zeros((1, like.shape[1], cap, like.shape[3]), like.dtype))
+                layer.keys, layer.values = (mx.concatenate(parts[k], axis=0) for k in ("keys", "values"))
         h, ptaps = self.target._run(lambda: self.target.inner(tokens, cache=fresh), tokens, fresh, taps, "hidden")
-        last = h[mx.arange(B), mx.array([len(p) - 1 for p in prompts])]  # [B, H]: each row's last position
+        last = h[mx.arange(B), mx.array([len(p) - 1 for p in rest])]  # [B, H]: each row's last position
         logits = self.target.lm_head(last)
         mx.eval(logits, *([ptaps] if ptaps is not None else []))
         elapsed = time.perf_counter() - t0
         out = []
-        for b, (row, ids) in enumerate(zip(rows, prompts)):
-            n = len(ids)
-            first = self._start_row(row, logits[b], ptaps[b : b + 1, :n] if tuple(row.drafter.taps) else None, elapsed,
-                                    [c.keys[b : b + 1] for c in fresh], [c.values[b : b + 1] for c in fresh], n)
+        for b, (row, p) in enumerate(zip(rows, rest)):
+            first = self._start_row(row, logits[b], ptaps[b : b + 1, : len(p)] if tuple(row.drafter.taps) else None,
+                                    elapsed)
             out.append((row, first))
+        joining = [b for b, r in enumerate(rows) if not r.done]
+        if joining:
+            idx = None if len(joining) == B else mx.array(joining)  # (no gather when every row joins)
+            self._join([rows[b] for b in joining], [c.keys if idx is None else c.keys[idx] for c in fresh],
+                       [c.values if idx is None else c.values[idx] for c in fresh],
+                       [cached[b] + len(rest[b]) for b in joining])
         return out
 
     # -- leaving --------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """The generation thread: one model, a running batch of generations, a bounded FIFO in front.
 
 HTTP handlers (asyncio) submit `Job`s. With `max_batch` > 1 (continuous batching) the thread
-runs up to `max_batch` of them together in one `engine.batch.SpecBatch`: a job joins at a step
-boundary (its prompt prefilled alone, through the prompt cache), every step drafts for each
+runs up to `max_batch` of them together in one `engine.batch.SpecBatch`: jobs join at a step
+boundary (the waiting ones' prompts prefilled together, each from its prompt-cache hit), every step drafts for each
 job with its own drafter and verifies all of them in one target forward, and a job leaves as
 soon as it is finished, cancelled or past its deadline. With `max_batch` 1, or a target the
 batch cannot hold (sliding-window or recurrent layers: one line says so at start), jobs run
@@ -501,11 +501,10 @@ class Worker:
             self.metrics.batch_size = len(live)
 
     def _join_all(self, live: dict, jobs: list):
-        """Join new jobs: those with a cached prompt prefix one by one (`SpecBatch.add` continues
-        their cache), the others prefilled together in one forward (`SpecBatch.add_many`; one
-        alone through `add` with its fresh cache, which the prompt cache can keep if it is done
-        at its first token)."""
-        alone, together = [], []
+        """Join new jobs: one alone through `SpecBatch.add` (it continues the job's cache, which the
+        prompt cache can keep if the job is done at its first token), several prefilled together
+        in one forward (`SpecBatch.add_many`), each from its cached prompt prefix if it has one."""
+        preps = []
         for job in jobs:
             try:
                 prep = self._prepare(job)
@@ -513,25 +512,26 @@ class Worker:
                 self._fail(job, e)
                 continue
             if prep is not None:
-                (alone if prep["n_cached"] else together).append(prep)
-        if len(together) == 1:
-            alone, together = alone + together, []
-        for p in alone:
+                preps.append(prep)
+        if len(preps) == 1:
+            p = preps[0]
             try:
                 row, first = self.batch.add(**self._request(p), cache=p["cache"])
             except BaseException as e:  # noqa: BLE001
                 self._abandon(p, e)
-                continue
+                return
             self._joined_or_fail(live, p, row, first, p["cache"])
-        if not together:
+            return
+        if not preps:
             return
         try:
-            results = self.batch.add_many([self._request(p) for p in together])
+            results = self.batch.add_many([dict(self._request(p), cache=p["cache"] if p["n_cached"] else None)
+                                           for p in preps])
         except BaseException as e:  # noqa: BLE001 - a failed prefill fails every job in it
-            for p in together:
+            for p in preps:
                 self._abandon(p, e)
             return
-        for p, (row, first) in zip(together, results):
+        for p, (row, first) in zip(preps, results):
             # a row done at its first token never joined: its prompt is not stored (no cache of its own)
             self._joined_or_fail(live, p, row, first, None)
 

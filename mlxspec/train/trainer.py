@@ -564,9 +564,12 @@ def train(
                             "lr": float(lr_at(step)), "elapsed_s": el, "blocks_per_s": rate,
                             "supervised_blocks": prior_blocks + blocks, "window_passes": passes,
                             "windows": batcher.cursor, **extra})
-        if tc.heldout and tc.heldout_every and ((step + 1) % tc.heldout_every == 0 or step == tc.steps - 1):
+        measured = bool(tc.heldout and tc.heldout_every and ((step + 1) % tc.heldout_every == 0 or step == tc.steps - 1))
+        if measured:
             heldout_point(step + 1, el)
-        if (step + 1) % tc.checkpoint_every == 0 or step == end - 1:
+        # a checkpoint at every held-out point too: a run stopped between points (a session's
+        # end) resumes from the last point on the curve, not from the last checkpoint_every step
+        if (step + 1) % tc.checkpoint_every == 0 or step == end - 1 or measured:
             _checkpoint(out, model, opt, step + 1, history, tc, cfg, data_state())
     bar.close()
     return model, cfg, {"history": history, "train_config": asdict(tc), "draft_ids": d_ids}
