@@ -244,9 +244,23 @@ def test_budget_verifies_long_blocks_when_rows_cost_little_and_none_when_they_co
     for _ in range(30):
         steep.observe_forward(16, 0.16)
         steep.observe_row(4, 0, 0.002)
-    caps = [steep.cap([8] * 8) for _ in range(10)]
-    assert caps.count(0) == 8 and all(c > 0 for c in (caps[4], caps[9]))
+    caps = [steep.cap([8] * 8) for _ in range(40)]
+    # probes of one draft per row after 5 plain steps, then 10, then 20 (backing off)
+    assert [i for i, c in enumerate(caps) if c] == [4, 14, 34] and {caps[4], caps[14], caps[34]} == {1}
     assert steep.cost(80) == pytest.approx(0.8, rel=0.05)  # the fitted line: 10 ms a row
+
+
+def test_budget_prior_is_a_shape_rescaled_to_the_measured_forwards():
+    """A profile 5x too slow (measured under netlib BLAS, or on a busier moment) with every
+    measured forward at one row count: the cost line keeps the profile's shape at the measured
+    level (a plain fit through both put a 118 ms/row slope on a 10 ms/row forward and the batch
+    never drafted)."""
+    slow = VerifyBudget({L: 1 / (0.5 + 0.08 * L) for L in range(1, 10)}, max_drafts=8)
+    for _ in range(40):
+        slow.observe_forward(2, 0.115)
+    s = 0.115 / (0.5 + 0.08 * 2)
+    assert slow.cost(2) == pytest.approx(0.115, rel=0.02)
+    assert slow.cost(18) == pytest.approx(s * (0.5 + 0.08 * 18), rel=0.05)
 
 
 def test_budget_caps_rows_and_output_is_unchanged(default):

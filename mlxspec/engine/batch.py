@@ -167,6 +167,18 @@ class RaggedKVCache:
         self.keys, self.values = self.keys[idx], self.values[idx]
 
 
+def _line(points) -> tuple[float, float]:
+    """Weighted least squares T = a + b R over (R, T, w) points (b >= 0)."""
+    w = sum(p[2] for p in points)
+    x = sum(p[2] * p[0] for p in points)
+    y = sum(p[2] * p[1] for p in points)
+    xx = sum(p[2] * p[0] * p[0] for p in points)
+    xy = sum(p[2] * p[0] * p[1] for p in points)
+    den = w * xx - x * x
+    b = max((w * xy - x * y) / den if den > 1e-12 else 0.0, 0.0)
+    return (y - b * x) / w, b
+
+
 class VerifyBudget:
     """How many drafts each row may verify this step, chosen for the batch as a whole.
 
@@ -175,46 +187,61 @@ class VerifyBudget:
     B x L rows and on a CPU it turns compute-bound: 8 rows x 9 tokens cost several 8-row steps.
     So before the rows draft, the batch picks one cap c on drafts per row maximising
 
-        rate(c) = sum_b E(min(c, n_b)) / (T(sum_b (1 + min(c, n_b))) + drafting(c))
+        rate(c) = sum_b E(min(c, n_b)) / (T(B (1 + max_b min(c, n_b))) + drafting(c))
 
     with E the expected committed tokens (`policy.expected_tokens`, from the batch's running
-    per-position acceptance), T(R) the forward cost of R rows (a straight line fitted to the
-    measured batched forwards, decayed, starting from the single-sequence verify profile) and
+    per-position acceptance), T(R) the forward cost of R block rows (the rows are padded to the
+    longest block; a straight line fitted to the measured batched forwards, decayed, with the
+    single-sequence verify profile's shape at their level as the prior) and
     drafting(c) the rows' measured drafting time (none at c = 0). c = 0 is a batched
-    autoregressive step; while it wins, every `probe_every` steps verify at the best c > 0 so
-    the acceptance estimate can recover. A cap only truncates, and depends on history only, so
+    autoregressive step; while it wins, a probe step verifies one draft per row (c = 1, the
+    cheapest step that measures the first draft, which decides whether c > 0 can pay; a
+    probe at the best c cost 3.5 plain steps at B = 8 here), after `probe_every` steps, then
+    after twice as many each time it changes nothing (up to `max_probe_every`), so the
+    acceptance estimate can recover. A cap only truncates, and depends on history only, so
     output is unchanged (lossless under sampling too)."""
 
     def __init__(self, profile: dict[int, float], max_drafts: int, decay: float = 0.97, prior_weight: float = 2.0,
-                 probe_every: int = 16):
+                 probe_every: int = 8, max_probe_every: int = 64):
         self.max_drafts, self.decay, self.probe_every = max_drafts, decay, probe_every
+        self.max_probe_every, self.probe_interval = max_probe_every, probe_every
         self.acceptance = AcceptanceEstimate(max(max_drafts, 1))
-        # weighted least squares sums for T(R) = a + b R: the profile's points as a prior
-        self.sw = self.sx = self.sy = self.sxx = self.sxy = 0.0
-        for L, sps in sorted(profile.items()):
-            self._add(float(L), 1.0 / float(sps), prior_weight / len(profile))
+        # the prior: the profile's points, as a shape. Its level is rescaled to the forwards
+        # measured here (a profile from another moment of a drifting host, or from another
+        # BLAS, can be several times off, and a line through it and a cluster of measured
+        # points at one row count gets a slope of its error, not of the forward)
+        self.prior = [(float(L), 1.0 / float(sps)) for L, sps in sorted(profile.items())]
+        self.prior_weight = prior_weight
+        a0, b0 = _line([(r, t, 1.0) for r, t in self.prior])
+        self.prior_line = (a0, b0)
+        self.obs = [0.0] * 5  # decayed weighted sums over the measured forwards: w, wR, wT, wR^2, wRT
+        self.scale = [0.0, 0.0]  # decayed sums of measured seconds and of the prior line's seconds
         self.draft_time = None  # decayed mean seconds of one row's drafting
         self.since_drafts = 0
 
-    def _add(self, r: float, t: float, w: float = 1.0) -> None:
-        self.sw += w
-        self.sx += w * r
-        self.sy += w * t
-        self.sxx += w * r * r
-        self.sxy += w * r * t
+    def _prior_at(self, rows: float) -> float:
+        a0, b0 = self.prior_line
+        return max(a0 + b0 * rows, 1e-6)
 
     def cost(self, rows: float) -> float:
-        """Predicted seconds of a batched forward over `rows` block rows."""
-        den = self.sw * self.sxx - self.sx * self.sx
-        b = (self.sw * self.sxy - self.sx * self.sy) / den if den > 1e-12 else 0.0
-        b = max(b, 0.0)
-        a = (self.sy - b * self.sx) / self.sw
+        """Predicted seconds of a batched forward over `rows` block rows: a line fitted to the
+        measured forwards and the prior's points at the measured level."""
+        s = self.scale[0] / self.scale[1] if self.scale[1] > 0 else 1.0
+        w, x, y, xx, xy = self.obs
+        pw = self.prior_weight / len(self.prior)
+        for r, t in self.prior:
+            w, x, y, xx, xy = w + pw, x + pw * r, y + pw * s * t, xx + pw * r * r, xy + pw * r * s * t
+        den = w * xx - x * x
+        b = max((w * xy - x * y) / den if den > 1e-12 else 0.0, 0.0)
+        a = (y - b * x) / w
         return max(a + b * rows, 1e-6)
 
     def observe_forward(self, rows: int, seconds: float) -> None:
-        for k in ("sw", "sx", "sy", "sxx", "sxy"):
-            setattr(self, k, getattr(self, k) * self.decay)
-        self._add(float(rows), seconds)
+        r = float(rows)
+        self.obs = [v * self.decay for v in self.obs]
+        for i, v in enumerate((1.0, r, seconds, r * r, r * seconds)):
+            self.obs[i] += v
+        self.scale = [self.scale[0] * self.decay + seconds, self.scale[1] * self.decay + self._prior_at(r)]
 
     def observe_row(self, verified: int, accepted: int, draft_seconds: float | None) -> None:
         if verified > 0:
@@ -231,20 +258,18 @@ class VerifyBudget:
         dt = self.draft_time or 0.0
         best_c, best = 0, len(limits) / self.cost(len(limits))
         for c in range(1, top + 1):
-            n = [min(c, x) for x in limits]
-            r = sum(expected_tokens(p, k) for k in n) / (self.cost(sum(n) + len(n)) + dt * sum(k > 0 for k in n))
+            n = [min(c, x) for x in limits]  # the forward runs every row padded to the longest block
+            r = sum(expected_tokens(p, k) for k in n) / (self.cost(len(n) * (1 + max(n))) + dt * sum(k > 0 for k in n))
             if r > best * (1 + 1e-9):
                 best_c, best = c, r
         if best_c == 0:
             self.since_drafts += 1
-            if self.since_drafts >= self.probe_every:  # explore: the best c > 0 by the same rule
+            if self.since_drafts >= self.probe_interval:  # explore, then back off
                 self.since_drafts = 0
-                rates = [(sum(expected_tokens(p, min(c, x)) for x in limits)
-                          / (self.cost(sum(min(c, x) + 1 for x in limits)) + dt * len(limits)), c)
-                         for c in range(1, top + 1)]
-                return max(rates)[1]
+                self.probe_interval = min(2 * self.probe_interval, self.max_probe_every)
+                return 1
         else:
-            self.since_drafts = 0
+            self.since_drafts, self.probe_interval = 0, self.probe_every
         return best_c
 
 
@@ -495,7 +520,7 @@ class SpecBatch:
             p_of = dict(zip(sampled, ps))
         t_verified = time.perf_counter() - tv
         if self.budget is not None:
-            self.budget.observe_forward(sum(len(blocks[b]) for b in live_idx), t_verified)
+            self.budget.observe_forward(len(blocks) * L, t_verified)  # the padded [B, L] the forward ran
         out, new_lens = [], list(self.lens.list)
         for b, r in enumerate(self.rows):
             if r.done:
