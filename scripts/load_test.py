@@ -17,6 +17,9 @@ prompt. Writes the JSON and a plot:
     scripts/load_test.py --compare --levels 1,2,4,8 --requests 16 --max-tokens 32 \
         --json docs/bench/serve_load.json --plot docs/bench/serve_load.png
 
+`--cold` sends prompts no level has sent before (no prompt-cache hits on any server: the
+prefill-bound case; no equality check).
+
 Sends N streaming chat requests, at most C at a time, and reports p50/p95 time to first
 token, p50/p95 total latency, aggregate generated tokens/s and the error count. Bounded in
 count (--requests) and time (--time-limit). With --multi-turn it also measures the time to
@@ -205,7 +208,7 @@ def compare(a) -> int:
     ]
     if a.only:
         servers = [s for s in servers if s[0] in a.only.split(",")]
-    out = {"max_tokens": a.max_tokens, "requests_per_level": a.requests, "levels": levels, "servers": {},
+    out = {"max_tokens": a.max_tokens, "requests_per_level": a.requests, "levels": levels, "servers": {}, "cold": a.cold,
            "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_average_at_start": os.getloadavg(),
            "order": "all servers up at once, idle while another runs; level by level, each server in turn"}
     failed = False
@@ -229,20 +232,24 @@ def compare(a) -> int:
                 if c not in sv.levels:
                     continue
                 name = sv.name
-                summary, res = run_level("127.0.0.1", sv.port, None, sv.model, prompts, c, a.max_tokens, a.time_limit)
+                # --cold: prompts no level has sent before (no prompt cache hit on any server)
+                asked = [f"{p} (level {c})" for p in prompts] if a.cold else prompts
+                summary, res = run_level("127.0.0.1", sv.port, None, sv.model, asked, c, a.max_tokens, a.time_limit)
                 texts = [r["text"] if r else None for r in res]
                 ref = refs.setdefault(name, texts)
-                summary["equal_to_concurrency_1"] = sum(t is not None and t == r0 for t, r0 in zip(texts, ref))
+                summary["equal_to_concurrency_1"] = (None if a.cold else
+                                                     sum(t is not None and t == r0 for t, r0 in zip(texts, ref)))
                 rows[name].append(summary)
                 failed |= summary["errors"] > 0
                 print(f"{name:28s} c={c}: {summary['aggregate_tok_s']:6.2f} tok/s aggregate, "
                       f"{summary['per_request_tok_s_p50']:6.2f} per request, TTFT p50 {summary['ttft_p50_s']:.2f} s "
-                      f"p95 {summary['ttft_p95_s']:.2f} s, errors {summary['errors']}, "
-                      f"equal to c=1 {summary['equal_to_concurrency_1']}/{len(prompts)}", flush=True)
+                      f"p95 {summary['ttft_p95_s']:.2f} s, errors {summary['errors']}"
+                      + ("" if a.cold else f", equal to c=1 {summary['equal_to_concurrency_1']}/{len(prompts)}"),
+                      flush=True)
         for sv in live:
             name, cmd = sv.name, sv.cmd
             entry = {"command": " ".join(cmd[2:] if cmd[0] == sys.executable else cmd), "levels": rows[name]}
-            if name == "mlxspec serve" and a.bounded:
+            if name == "mlxspec serve" and a.bounded and not a.cold:
                 ref = refs[name]
                 big = [prompts[i % len(prompts)] for i in range(a.bounded)]
                 bmt = a.bounded_max_tokens or a.max_tokens
@@ -322,6 +329,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mlx-lm-model", default=None, help="--compare: an MLX model directory for mlx_lm.server "
                     "(default: the packaged SmolLM2 converted to float32 under --workdir)")
     ap.add_argument("--workdir", default="/tmp/mlxspec-load", help="--compare: server logs and the converted model")
+    ap.add_argument("--cold", action="store_true",
+                    help="--compare: new prompts at every level (no prompt-cache hits; no equality check, no bounded run)")
     ap.add_argument("--only", default=None, help="--compare: comma-separated server names to run")
     ap.add_argument("--plot", default=None, help="--compare: write a plot (PNG) here")
     a = ap.parse_args(argv)

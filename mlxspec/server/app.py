@@ -49,8 +49,10 @@ __all__ = ["APIError", "Server", "TOOL_CLOSE", "TOOL_OPEN", "ToolStream", "_MISS
 def build_app(server: Server) -> Starlette:
     metrics = server.worker.metrics
 
-    def route(path, fn, methods, name, errors=None):
+    def route(path, fn, methods, name, errors=None, generates=False):
         async def handler(request: Request):
+            if generates:  # counted until its job is queued: a burst is admitted together
+                request.state.arrival = server.worker.arrival()
             try:
                 resp = await fn(request)
             except APIError as e:
@@ -63,6 +65,9 @@ def build_app(server: Server) -> Starlette:
                 print(f"mlxspec serve: internal error on {path}:\n{traceback.format_exc()}", file=sys.stderr)
                 resp = (errors or openai_error)(APIError(500, f"internal server error ({type(e).__name__})",
                                                          "server_error", code="internal_error"))
+            finally:
+                if generates:
+                    request.state.arrival.close()  # (a no-op once the job was queued)
             metrics.request(name, resp.status_code)
             return resp
 
@@ -82,12 +87,12 @@ def build_app(server: Server) -> Starlette:
         return error_response(500, "internal server error", "server_error", code="internal_error")
 
     routes = [
-        route("/v1/chat/completions", lambda r: completions.chat(server, r), ["POST"], "chat"),
-        route("/v1/completions", lambda r: completions.completions(server, r), ["POST"], "completions"),
-        route("/v1/messages", lambda r: compat.messages(server, r), ["POST"], "messages", compat.anthropic_error),
+        route("/v1/chat/completions", lambda r: completions.chat(server, r), ["POST"], "chat", generates=True),
+        route("/v1/completions", lambda r: completions.completions(server, r), ["POST"], "completions", generates=True),
+        route("/v1/messages", lambda r: compat.messages(server, r), ["POST"], "messages", compat.anthropic_error, generates=True),
         route("/v1/messages/count_tokens", lambda r: compat.count_tokens(server, r), ["POST"], "count_tokens",
               compat.anthropic_error),
-        route("/v1/responses", lambda r: compat.responses(server, r), ["POST"], "responses"),
+        route("/v1/responses", lambda r: compat.responses(server, r), ["POST"], "responses", generates=True),
         route("/v1/models", lambda r: status.models(server, r), ["GET"], "models"),
         route("/health", lambda r: status.health(server, r), ["GET"], "health"),
         route("/metrics", lambda r: status.metrics(server, r), ["GET"], "metrics"),

@@ -22,7 +22,11 @@ def start_job(server: Server, request: Request, p: dict, ids: list[int]) -> tupl
     job = Job(ids=ids, max_tokens=p["max_tokens"], temp=p["temp"], top_p=p["top_p"], top_k=p["top_k"],
               seed=p["seed"], stop=p["stop"], speculative=p["speculative"], use_cache=p["use_cache"],
               deadline=time.perf_counter() + server.a.timeout, loop=asyncio.get_running_loop())
-    if not server.worker.try_submit(job):
+    submitted = server.worker.try_submit(job)
+    arrival = getattr(request.state, "arrival", None)
+    if arrival is not None:
+        arrival.close()  # submitted (or refused): no longer on its way in
+    if not submitted:
         raise APIError(429, f"the server is busy ({server.worker.max_queue} requests queued or running); "
                             "retry later", "rate_limit_exceeded", code="queue_full", headers={"Retry-After": "1"})
     return job, asyncio.create_task(watch_disconnect(request, job))
