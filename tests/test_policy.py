@@ -353,3 +353,20 @@ def test_sampling_with_policy_and_lookup_is_lossless(tiny, kind):  # noqa: F811 
     res = distribution_check(_sample(target, make, sp, 1500, {"probe_every": 2}), exact)
     bad = {k: v for k, v in res.items() if v[0] > v[1]}
     assert not bad, f"speculative sampling differs from the target's distribution: {bad}"
+
+
+def test_verify_profile_is_keyed_by_the_blas_library_and_monotone(monkeypatch):
+    """A profile measured without the OpenBLAS preload (netlib's reference BLAS: ~5x slower and
+    another shape) is never reused with it, and a longer verify never measures cheaper than a
+    shorter one (noise is not a profile)."""
+    from mlxspec.engine import profile
+    from test_engine import tiny_llama
+
+    target = tiny_llama(1)
+    monkeypatch.setattr(profile, "_loaded_openblas_path", lambda: None)
+    netlib = profile._key(target, 9)
+    monkeypatch.setattr(profile, "_loaded_openblas_path", lambda: "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0")
+    assert profile._key(target, 9) != netlib
+    sps = profile.measure_verify_sps(target, 6, context=16, repeats=2)
+    assert sorted(sps) == list(range(1, 7))
+    assert all(sps[L + 1] <= sps[L] for L in range(1, 6))
