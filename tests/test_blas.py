@@ -129,3 +129,26 @@ def test_excluded_processes_count_as_our_own():
         spin.kill()
         spin.wait()
     assert blas._pid_cpu(spin.pid) == 0.0  # a process that is gone counts nothing
+
+
+@pytest.mark.parametrize("env", ["MLXSPEC_BLAS_THREADS", "OPENBLAS_NUM_THREADS"])
+def test_ranks_sharing_a_host_leave_a_user_fixed_thread_count_alone(monkeypatch, env):
+    """Two ranks on one host split its cores between their OpenBLAS pools, unless the user fixed
+    the count with either variable (MLXSPEC_BLAS_THREADS was ignored here before)."""
+    from mlxspec.distributed import group
+
+    if not blas.openblas_loaded():
+        pytest.fail("the suite runs with OpenBLAS preloaded (scripts/test.sh)")
+    before = blas.blas_threads()
+    monkeypatch.setattr(group, "ranks_on_my_host", lambda rank: 2)
+    for name in ("MLXSPEC_BLAS_THREADS", "OPENBLAS_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    try:
+        import os
+
+        assert group.limit_blas_threads(0) == max(1, (os.cpu_count() or 1) // 2)
+        monkeypatch.setenv(env, "1")
+        assert group.limit_blas_threads(0) is None
+    finally:
+        blas._PINNED.clear()
+        blas._set_threads(before)

@@ -7,6 +7,7 @@ import os
 
 import mlx.core as mx
 
+from mlxspec import device
 from mlxspec.blas import set_blas_threads
 from mlxspec.distributed.links import ranks_on_my_host
 from mlxspec.distributed.watchdog import Watchdog
@@ -41,10 +42,11 @@ def limit_blas_threads(rank: int) -> int | None:
     """Ranks on one host share its cores: OpenBLAS's threads per rank = cores / ranks on this
     host (loading and tensor parallel run at once; pipeline stages, see there). Its idle threads spin, so 2
     ranks x 2 threads on 2 cores slowed every matmul ~10x (measured). Left alone when
-    OPENBLAS_NUM_THREADS is set. -> the thread count set, or None. (Pipeline stages hand
-    the count back to the governor once they are wired: `mlxspec.distributed.pipeline`.)"""
+    the user fixed the count (MLXSPEC_BLAS_THREADS=N or OPENBLAS_NUM_THREADS, as
+    `device.blas_threads_setting` reads them). -> the thread count set, or None. (Pipeline
+    stages hand the count back to the governor once they are wired: `mlxspec.distributed.pipeline`.)"""
     local = ranks_on_my_host(rank)
-    if os.environ.get("OPENBLAS_NUM_THREADS") or local is None:
+    if device.blas_threads_setting() is not None or local is None:
         return None
     n = max(1, (os.cpu_count() or 1) // local)
     return n if set_blas_threads(n) else None
