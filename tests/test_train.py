@@ -345,3 +345,22 @@ def test_heldout_every_records_the_budget_curve(smollm2, shards, tmp_path):
     assert 0 < pts[2]["distinct_tokens"] <= 2 * 64
     for p in pts:
         assert set(p["heldout"]) == {"code", "prose", "chat"} and all(v["tau"] >= 1.0 for v in p["heldout"].values())
+
+
+def test_train_seed_draws_the_corpus_windows_and_resumes_its_store(tmp_path, capsys):
+    """`mlxspec train --prepare-only --seed N`: the corpus store is drawn with seed N (the flag
+    was not passed to the preparation: every seed gave seed 0's windows, and a seed-1 store
+    could not be resumed from the command line)."""
+    from mlxspec.cli import main
+
+    src = "fortunes=/usr/share/games/fortunes/*"
+    stores = {}
+    for seed in (1, 2):
+        d = tmp_path / f"s{seed}"
+        args = ["train", "--prepare-only", "--data", str(d), "--out", str(tmp_path / f"o{seed}"), "--corpus", src,
+                "--tokens", "fortunes=96", "--seq-len", "32", "--seed", str(seed)]
+        assert main(args) == 0, capsys.readouterr().err
+        assert json.loads((d / "meta.json").read_text())["seed"] == seed
+        stores[seed] = np.asarray(load_shards(str(d))["tokens"]).copy()
+        assert main(args) == 0, capsys.readouterr().err  # resumes its own store
+    assert stores[1].shape == stores[2].shape and not np.array_equal(stores[1], stores[2])

@@ -227,7 +227,7 @@ def cmd_train(a) -> int:
         if a.prepare_only or not stored.exists() or a.tokens is not None:
             with writing("--data", data):
                 prepare_shards(target, tok, data, taps, a.seq_len, budget, batch=a.data_batch or 16,
-                               sources=sources, max_seconds=a.data_seconds)
+                               sources=sources, max_seconds=a.data_seconds, seed=a.seed)
     elif not (data / "meta.json").exists():
         t0 = time.time()
         prepare_generated_shards(target, tok, data, taps, a.prefix_len, a.seq_len - a.prefix_len, budget,
