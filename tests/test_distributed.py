@@ -229,7 +229,7 @@ def test_ranks_flag_is_checked_before_any_rank_starts():
 
 def test_local_launcher_sleeps_while_ranks_run():
     """The launcher waits in wait(): the job's CPU (launcher and both ranks) does not grow with
-    how long the ranks run. 2 s and 8 s of two sleeping ranks differ by well under a second
+    how long the ranks run. 2 s and 8 s of two sleeping ranks differ by well under 1.5 s
     of CPU (mlx.launch's relay threads poll an always-writable stdin pipe: about 0.6
     CPU-seconds per second on this machine, ~3.6 s here)."""
     import resource
@@ -247,7 +247,9 @@ def test_local_launcher_sleeps_while_ranks_run():
         return after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
     short, long = job(2), job(8)
-    assert long - short < 0.5, (short, long)
+    # the defect costs ~0.6 CPU-s per second of running (3.6 s over the 6 s); the two jobs'
+    # start-up work (imports of 3 interpreters) varies by up to ~0.8 s on a loaded host
+    assert long - short < 1.5, (short, long)
 
 
 def test_local_launcher_reports_a_failing_rank_once():
