@@ -55,20 +55,7 @@ def server(_reference_procs, tmp_path_factory):
          "--max-queue", "4", "--max-body-bytes", "64K", "--max-tokens-limit", "1024"],
         stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.time() + 180
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited with {proc.returncode}: {log_path.read_text()[-2000:]}")
-            try:
-                st, _, body = _raw(port, "GET", "/health")
-                if st == 200:
-                    break
-            except OSError:
-                pass
-            if time.time() > deadline:
-                pytest.fail("server did not come up within 180 s")
-            time.sleep(0.5)
-        model_id = json.loads(body)["model"]
+        model_id = _wait_healthy(proc, port, 180, log_path.read_text)["model"]
         yield {"port": port, "proc": proc, "model": model_id, "log": log_path}
     finally:
         if proc.poll() is None:
@@ -90,6 +77,24 @@ def reference(_reference_procs):
         assert stdout.endswith("\n")
         out[name] = stdout[:-1]
     return out
+
+
+def _wait_healthy(proc, port: int, limit: float, output) -> dict:
+    """Poll GET /health until it answers 200 -> its JSON; fail with the server's output
+    (`output()`) if it exits first, or when it is not up within `limit` seconds."""
+    deadline = time.time() + limit
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"server exited with {proc.returncode}: {output()[-2000:]}")
+        try:
+            st, _, body = _raw(port, "GET", "/health")
+            if st == 200:
+                return json.loads(body)
+        except OSError:
+            pass
+        if time.time() > deadline:
+            pytest.fail(f"server did not come up within {limit:g} s")
+        time.sleep(0.3)
 
 
 def _client(server, key=KEY):
@@ -655,16 +660,7 @@ def test_hub_id_is_served_under_its_repo_id(tmp_path):
                              "--port", str(port), "--api-key", KEY], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=env)
     try:
-        deadline = time.time() + 120
-        while True:
-            assert proc.poll() is None, proc.stderr.read()[-2000:]
-            try:
-                if _raw(port, "GET", "/health")[0] == 200:
-                    break
-            except OSError:
-                pass
-            assert time.time() < deadline, "server did not come up within 120 s"
-            time.sleep(0.3)
+        _wait_healthy(proc, port, 120, proc.stderr.read)
         c = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0, timeout=60)
         assert [m.id for m in c.models.list().data] == ["tiny-org/gemma3-tiny"]
         r = c.completions.create(model="tiny-org/gemma3-tiny", prompt=prompt, max_tokens=12, temperature=0)
@@ -685,18 +681,7 @@ def test_max_batch_1_serves_one_at_a_time(reference, smollm2_path):
     proc = subprocess.Popen([sys.executable, "-m", "mlxspec.cli", "serve", "--port", str(port), "--api-key", KEY,
                              "--max-batch", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 180
-        while True:
-            assert proc.poll() is None, proc.stderr.read()[-2000:]
-            try:
-                st, _, body = _raw(port, "GET", "/health")
-                if st == 200:
-                    break
-            except OSError:
-                pass
-            assert time.time() < deadline, "server did not come up within 180 s"
-            time.sleep(0.5)
-        srv = {"port": port, "model": json.loads(body)["model"]}
+        srv = {"port": port, "model": _wait_healthy(proc, port, 180, proc.stderr.read)["model"]}
         c = _client(srv)
         got = [None, None]
 
