@@ -65,6 +65,11 @@ from mlxspec.targets.rollback import TargetCache
 STEP = 256  # batch buffers grow in whole steps of slots, as mlx-lm's KVCache does
 
 
+def _slots(n: int) -> int:
+    """Buffer slots for n positions: n rounded up to whole STEPs."""
+    return (n + STEP - 1) // STEP * STEP
+
+
 def check_batchable(target: Target) -> None:
     """Raise one line unless every layer of the target has a plain KV cache."""
     kinds = target.make_cache().kinds
@@ -121,7 +126,7 @@ class RaggedKVCache:
         return self.keys[..., :end, :], self.values[..., :end, :]
 
     def _grow(self, end: int, keys, values):
-        cap = (end + STEP - 1) // STEP * STEP
+        cap = _slots(end)
         B, H, _, D = keys.shape
         new = [mx.zeros((B, H, cap, a.shape[3]), a.dtype) for a in (keys, values)]
         if self.keys is not None:
@@ -167,13 +172,14 @@ class RaggedKVCache:
         self.keys, self.values = self.keys[idx], self.values[idx]
 
 
-def _line(points) -> tuple[float, float]:
-    """Weighted least squares T = a + b R over (R, T, w) points (b >= 0)."""
-    w = sum(p[2] for p in points)
-    x = sum(p[2] * p[0] for p in points)
-    y = sum(p[2] * p[1] for p in points)
-    xx = sum(p[2] * p[0] * p[0] for p in points)
-    xy = sum(p[2] * p[0] * p[1] for p in points)
+def _sums(points) -> list[float]:
+    """Weighted least-squares sums [w, wR, wT, wR^2, wRT] over (R, T, w) points."""
+    return [sum(w for _, _, w in points), sum(w * r for r, _, w in points), sum(w * t for _, t, w in points),
+            sum(w * r * r for r, _, w in points), sum(w * r * t for r, t, w in points)]
+
+
+def _line(w: float, x: float, y: float, xx: float, xy: float) -> tuple[float, float]:
+    """The line T = a + b R (b >= 0) of least-squares sums -> (a, b)."""
     den = w * xx - x * x
     b = max((w * xy - x * y) / den if den > 1e-12 else 0.0, 0.0)
     return (y - b * x) / w, b
@@ -210,10 +216,9 @@ class VerifyBudget:
         # measured here (a profile from another moment of a drifting host, or from another
         # BLAS, can be several times off, and a line through it and a cluster of measured
         # points at one row count gets a slope of its error, not of the forward)
-        self.prior = [(float(L), 1.0 / float(sps)) for L, sps in sorted(profile.items())]
-        self.prior_weight = prior_weight
-        a0, b0 = _line([(r, t, 1.0) for r, t in self.prior])
-        self.prior_line = (a0, b0)
+        prior = [(float(L), 1.0 / float(sps)) for L, sps in sorted(profile.items())]
+        self.prior_line = _line(*_sums([(r, t, 1.0) for r, t in prior]))
+        self.prior_sums = _sums([(r, t, prior_weight / len(prior)) for r, t in prior])  # cost() rescales its T sums
         self.obs = [0.0] * 5  # decayed weighted sums over the measured forwards: w, wR, wT, wR^2, wRT
         self.scale = [0.0, 0.0]  # decayed sums of measured seconds and of the prior line's seconds
         self.draft_time = None  # decayed mean seconds of one row's drafting
@@ -227,13 +232,8 @@ class VerifyBudget:
         """Predicted seconds of a batched forward over `rows` block rows: a line fitted to the
         measured forwards and the prior's points at the measured level."""
         s = self.scale[0] / self.scale[1] if self.scale[1] > 0 else 1.0
-        w, x, y, xx, xy = self.obs
-        pw = self.prior_weight / len(self.prior)
-        for r, t in self.prior:
-            w, x, y, xx, xy = w + pw, x + pw * r, y + pw * s * t, xx + pw * r * r, xy + pw * r * s * t
-        den = w * xx - x * x
-        b = max((w * xy - x * y) / den if den > 1e-12 else 0.0, 0.0)
-        a = (y - b * x) / w
+        level = (1.0, 1.0, s, 1.0, s)  # the prior's seconds at the measured level
+        a, b = _line(*(o + f * p for o, f, p in zip(self.obs, level, self.prior_sums)))
         return max(a + b * rows, 1e-6)
 
     def observe_forward(self, rows: int, seconds: float) -> None:
@@ -354,7 +354,7 @@ class SpecBatch:
         row would copy the growing batch once per row)."""
         if not rows:
             return
-        cap = (max(ns + self.lens.list) + STEP - 1) // STEP * STEP  # later steps grow it (`_grow`)
+        cap = _slots(max(ns + self.lens.list))  # later steps grow it (`_grow`)
         for layer, k, v in zip(self.layers, keys, values):
             layer.append_rows(k, v, cap)
         self.rows += rows
@@ -415,19 +415,15 @@ class SpecBatch:
         lens.set(cached)
         fresh = [RaggedKVCache(lens) for _ in self.layers]
         if any(cached):  # the cached prefixes, one buffer per layer, each row at slots 0..n-1
-            cap = (max(cached) + S + STEP - 1) // STEP * STEP
+            cap = _slots(max(cached) + S)
             ref = next(c for c in caches if c is not None and cache_length(c))
             for i, layer in enumerate(fresh):
-                parts = {"keys": [], "values": []}
-                for c, n in zip(caches, cached):
-                    for name in parts:
-                        like = getattr(ref[i], name)
-                        if n:
-                            a = getattr(c[i], name)[:, :, :n]
-                            parts[name].append(mx.pad(a, [(0, 0), (0, 0), (0, cap - n), (0, 0)]))
-                        else:
-                            parts[name].append(mx.zeros((1, like.shape[1], cap, like.shape[3]), like.dtype))
-                layer.keys, layer.values = (mx.concatenate(parts[k], axis=0) for k in ("keys", "values"))
+                for name in ("keys", "values"):
+                    like = getattr(ref[i], name)  # (shape and dtype for the rows without a prefix)
+                    setattr(layer, name, mx.concatenate(
+                        [mx.pad(getattr(c[i], name)[:, :, :n], [(0, 0), (0, 0), (0, cap - n), (0, 0)]) if n
+                         else mx.zeros((1, like.shape[1], cap, like.shape[3]), like.dtype)
+                         for c, n in zip(caches, cached)], axis=0))
         h, ptaps = self.target._run(lambda: self.target.inner(tokens, cache=fresh), tokens, fresh, taps, "hidden")
         last = h[mx.arange(B), mx.array([len(p) - 1 for p in rest])]  # [B, H]: each row's last position
         logits = self.target.lm_head(last)
