@@ -1,6 +1,8 @@
 """OpenBLAS's thread governor (mlxspec.blas.ThreadGovernor): its choices under a simulated
 host load, and that the thread count it changes leaves greedy tokens as they were."""
 
+import os
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -144,8 +146,6 @@ def test_ranks_sharing_a_host_leave_a_user_fixed_thread_count_alone(monkeypatch,
     for name in ("MLXSPEC_BLAS_THREADS", "OPENBLAS_NUM_THREADS"):
         monkeypatch.delenv(name, raising=False)
     try:
-        import os
-
         assert group.limit_blas_threads(0) == max(1, (os.cpu_count() or 1) // 2)
         monkeypatch.setenv(env, "1")
         assert group.limit_blas_threads(0) is None
