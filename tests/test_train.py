@@ -16,7 +16,7 @@ from mlxspec.engine.verify import SamplingParams
 from mlxspec.errors import MlxspecError
 from mlxspec.train.data import load_shards, prepare_generated_shards, prepare_shards, taps_from_store, taps_to_store
 from mlxspec.train.export import export_all
-from mlxspec.train.trainer import TrainConfig, train
+from mlxspec.train.trainer import TrainConfig, parse_data_mix, train
 
 TAPS = [1, 8, 15]
 
@@ -79,6 +79,15 @@ def test_streamed_store_is_resumable_and_refuses_overflowed_taps(smollm2, tmp_pa
     got = np.asarray(taps_from_store(np.asarray(z["taps"][1:2])))
     assert np.array_equal(got, np.asarray(tp.astype(mx.bfloat16).astype(mx.float32)))
     assert (np.asarray(z["topk_ids"][:, :-1, 0]) >= 0).all()
+    # `--data DIR@N`: the store from window N on (a continuation on the windows not trained on yet)
+    tail = load_shards(out, first=1)
+    assert np.array_equal(np.asarray(tail["tokens"]), np.asarray(z["tokens"][1:]))
+    assert np.array_equal(np.asarray(load_shards(out, max_windows=1, first=1)["taps"]), np.asarray(z["taps"][1:2]))
+    with pytest.raises(MlxspecError, match=r"@3: the store holds 3 completed windows, none from window 3 on"):
+        load_shards(out, first=3)
+    assert parse_data_mix(f"{out}@2:0.5,{out}") == [(str(out), 0.5, 2), (str(out), 1.0, 0)]
+    with pytest.raises(MlxspecError, match=r"DIR@N takes the store's windows from N on; got 'x'"):
+        parse_data_mix(f"{out}@x")
 
     bad = tmp_path / "old"
     bad.mkdir()

@@ -29,7 +29,8 @@ def add_train_args(p):
     p.add_argument("--out", "-o", required=True, help="output directory (checkpoints, exports, report)")
     p.add_argument("--data", default=None,
                    help="data store directory (default: <cache>/shards/<model>-<mode>-...); prepared on first use. "
-                        "To train on several stores: DIR:WEIGHT,DIR2:WEIGHT2 (windows drawn in proportion)")
+                        "To train on several stores: DIR:WEIGHT,DIR2:WEIGHT2 (windows drawn in proportion); DIR@N reads a "
+                        "store from its window N on (continuing on windows not trained on yet)")
     p.add_argument("--corpus", action="append", default=None,
                    help="CATEGORY=GLOB (repeatable); default: stdlib code, Python docs prose, fortunes")
     p.add_argument("--tokens", default=None,
@@ -212,7 +213,7 @@ def cmd_train(a) -> int:
     if a.online:
         pass  # no store: the trainer runs the target on each step's windows
     elif mix and len(mix) > 1:
-        for d, _ in mix:  # a mix trains on stores prepared before, each checked by the trainer
+        for d, *_ in mix:  # a mix trains on stores prepared before, each checked by the trainer
             if not (Path(d) / "meta.json").exists():
                 raise MlxspecError(f"--data {a.data}: {d} holds no prepared store; prepare each store first "
                                    "(mlxspec train --prepare-only --data DIR ...)")

@@ -242,14 +242,23 @@ def stream_progress(path: str | os.PathLike) -> tuple[int, int, float]:
     return int(prog["done"]), int(json.loads((p / "meta.json").read_text())["windows"]), float(prog["seconds"])
 
 
-def load_shards(path: str | os.PathLike, max_windows: int | None = None) -> dict[str, np.ndarray]:
+def load_shards(path: str | os.PathLike, max_windows: int | None = None, first: int = 0) -> dict[str, np.ndarray]:
     """Training data as arrays: a streamed store (memory-mapped, its completed rows only)
-    or the older directory of `shard_XXXX.npz` files."""
+    or the older directory of `shard_XXXX.npz` files. `first`: skip the store's first windows
+    (`--data DIR@N`); `max_windows` then counts from there."""
+    out = _load_shards(path)
+    n = len(out["tokens"])
+    if first >= n:
+        raise MlxspecError(f"--data {path}@{first}: the store holds {n} completed windows, none from window {first} on; "
+                           f"prepare more (mlxspec train --prepare-only --data {path}) or pass a smaller N")
+    stop = n if max_windows is None else min(n, first + max_windows)
+    return {k: v[first:stop] for k, v in out.items()} if (first or stop < n) else out
+
+
+def _load_shards(path) -> dict[str, np.ndarray]:
     p = Path(path)
     if (p / "progress.json").exists():
         done = stream_progress(p)[0]
-        if max_windows is not None:
-            done = min(done, max_windows)
         if done == 0:
             raise MlxspecError(f"{path}: the training data store has no completed windows yet; "
                                "run `mlxspec train --prepare-only` on it first")
@@ -264,8 +273,6 @@ def load_shards(path: str | os.PathLike, max_windows: int | None = None) -> dict
         raise MlxspecError(f"{path}: no training shards; run `mlxspec train --prepare-only` (or any `mlxspec train`) first")
     parts = [dict(np.load(f)) for f in files]
     out = {k: np.concatenate([q[k] for q in parts]) for k in parts[0]}
-    if max_windows is not None:
-        out = {k: v[:max_windows] for k, v in out.items()}
     check_finite_taps(path, out["taps"])
     return out
 

@@ -85,11 +85,12 @@ class TrainConfig:
     taps: list = field(default_factory=list)
 
 
-def parse_data_mix(data) -> list[tuple[str, float]]:
+def parse_data_mix(data) -> list[tuple[str, float, int]]:
     """`--data DIR` or `DIR:W,DIR2:W2` (windows drawn from each store with probability
-    proportional to W) -> [(dir, weight)]."""
+    proportional to W) -> [(dir, weight, first)]. `DIR@N` reads the store from its window N on
+    (the first N were trained on before: a continuation on fresh windows only)."""
     if isinstance(data, (list, tuple)):
-        return [(str(d), float(w)) for d, w in data]
+        return [(str(x[0]), float(x[1]), int(x[2]) if len(x) > 2 else 0) for x in data]
     out = []
     for part in str(data).split(","):
         d, sep, w = part.rpartition(":")
@@ -97,7 +98,14 @@ def parse_data_mix(data) -> list[tuple[str, float]]:
             d, w = part, "1"
         if float(w) <= 0:
             raise MlxspecError(f"--data {data!r}: a store's weight must be > 0, got {w!r} for {d!r}")
-        out.append((d, float(w)))
+        first = 0
+        if "@" in d:
+            d, _, n = d.rpartition("@")
+            if not n.isdigit():
+                raise MlxspecError(f"--data {data!r}: DIR@N takes the store's windows from N on; got {n!r} "
+                                   f"after '@' (pass a window number, e.g. {d}@192)")
+            first = int(n)
+        out.append((d, float(w), first))
     return out
 
 
@@ -407,15 +415,15 @@ def train(
             raise MlxspecError(f"--out {out} holds a checkpoint of an online run; pass --online (and its data flags) "
                                "to resume it, or a new --out")
         mix = parse_data_mix(shards_dir)
-        stores = [(load_shards(d, tc.max_windows), w) for d, w in mix]
-        metas = [json.loads((Path(d) / "meta.json").read_text()) for d, _ in mix if (Path(d) / "meta.json").exists()]
+        stores = [(load_shards(d, tc.max_windows, first=first), w) for d, w, first in mix]
+        metas = [json.loads((Path(d) / "meta.json").read_text()) for d, *_ in mix if (Path(d) / "meta.json").exists()]
         if len({tuple(m["taps"]) for m in metas}) > 1 or len({s["tokens"].shape[1] for s, _ in stores}) > 1:
             raise MlxspecError(f"--data {shards_dir}: the stores were prepared with different taps or window lengths; "
                                "mix only stores of one target, taps and --seq-len")
         if not tc.taps:
             tc.taps = metas[0]["taps"] if metas else []
         n_windows = sum(len(s["tokens"]) for s, _ in stores)
-        data_desc = {"kind": "store", "data": [d for d, _ in mix]}
+        data_desc = {"kind": "store", "data": [d if not first else f"{d}@{first}" for d, _, first in mix]}
 
         def vocab_sample():
             return {k: np.concatenate([np.asarray(s[k][..., 0]) if k == "topk_ids" else np.asarray(s[k])
