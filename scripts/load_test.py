@@ -194,6 +194,14 @@ class _Server:
     log: Path
 
 
+def _median_round(rounds: list[dict]) -> dict:
+    """A level's summary over the rounds: the round with the median aggregate tok/s (a run that
+    happened, not a blend), with every round's aggregate beside it."""
+    pick = sorted(rounds, key=lambda r: r["aggregate_tok_s"])[(len(rounds) - 1) // 2]
+    return {**pick, "rounds": len(rounds), "aggregate_tok_s_rounds": [r["aggregate_tok_s"] for r in rounds],
+            "errors": sum(r["errors"] for r in rounds)}
+
+
 def compare(a) -> int:
     levels = [int(x) for x in a.levels.split(",")]
     prompts = [PROMPTS[i % len(PROMPTS)] + f" (request {i})" for i in range(a.requests)]
@@ -225,27 +233,47 @@ def compare(a) -> int:
         for sv in live:
             sv.model = _wait_up(sv.proc, sv.port, sv.log).get("model") or sv.model
             stream_chat("127.0.0.1", sv.port, None, sv.model, [{"role": "user", "content": "Hello"}], 4)  # warm-up
-        rows = {sv.name: [] for sv in live}
+        per = {}  # (server, level) -> that level's summary in each round
         refs = {}
-        for c in levels:
+        for rnd in range(a.rounds):
+            # each round alternates the order the servers run a level in (no server always goes first)
+            order = live if rnd % 2 == 0 else live[::-1]
+            for c in levels:
+                for sv in order:
+                    if c not in sv.levels:
+                        continue
+                    name = sv.name
+                    # --cold: prompts no level (and no round) has sent before (no prompt cache hit on any server)
+                    asked = [f"{p} (level {c}{f', round {rnd}' if rnd else ''})" for p in prompts] if a.cold else prompts
+                    summary, res = run_level("127.0.0.1", sv.port, None, sv.model, asked, c, a.max_tokens, a.time_limit)
+                    texts = [r["text"] if r else None for r in res]
+                    ref = refs.setdefault(name, texts)
+                    summary["equal_to_concurrency_1"] = (None if a.cold else
+                                                         sum(t is not None and t == r0 for t, r0 in zip(texts, ref)))
+                    per.setdefault((name, c), []).append(summary)
+                    failed |= summary["errors"] > 0
+                    print(f"{name:28s} c={c}{f' round {rnd + 1}/{a.rounds}' if a.rounds > 1 else ''}: "
+                          f"{summary['aggregate_tok_s']:6.2f} tok/s aggregate, "
+                          f"{summary['per_request_tok_s_p50']:6.2f} per request, TTFT p50 {summary['ttft_p50_s']:.2f} s "
+                          f"p95 {summary['ttft_p95_s']:.2f} s, errors {summary['errors']}"
+                          + ("" if a.cold else f", equal to c=1 {summary['equal_to_concurrency_1']}/{len(prompts)}"),
+                          flush=True)
+        rows = {sv.name: [_median_round(per[(sv.name, c)]) for c in levels if c in sv.levels] for sv in live}
+        if a.rounds > 1 and "mlx_lm.server" in rows:
+            # paired within a round: mlxspec serve's aggregate over mlx_lm.server's at the same level
+            out["ratio_to_mlx_lm_server"] = {}
             for sv in live:
-                if c not in sv.levels:
+                if sv.name == "mlx_lm.server":
                     continue
-                name = sv.name
-                # --cold: prompts no level has sent before (no prompt cache hit on any server)
-                asked = [f"{p} (level {c})" for p in prompts] if a.cold else prompts
-                summary, res = run_level("127.0.0.1", sv.port, None, sv.model, asked, c, a.max_tokens, a.time_limit)
-                texts = [r["text"] if r else None for r in res]
-                ref = refs.setdefault(name, texts)
-                summary["equal_to_concurrency_1"] = (None if a.cold else
-                                                     sum(t is not None and t == r0 for t, r0 in zip(texts, ref)))
-                rows[name].append(summary)
-                failed |= summary["errors"] > 0
-                print(f"{name:28s} c={c}: {summary['aggregate_tok_s']:6.2f} tok/s aggregate, "
-                      f"{summary['per_request_tok_s_p50']:6.2f} per request, TTFT p50 {summary['ttft_p50_s']:.2f} s "
-                      f"p95 {summary['ttft_p95_s']:.2f} s, errors {summary['errors']}"
-                      + ("" if a.cold else f", equal to c=1 {summary['equal_to_concurrency_1']}/{len(prompts)}"),
-                      flush=True)
+                out["ratio_to_mlx_lm_server"][sv.name] = {}
+                for c in sv.levels:
+                    if ("mlx_lm.server", c) not in per:
+                        continue
+                    r = [x["aggregate_tok_s"] / y["aggregate_tok_s"]
+                         for x, y in zip(per[(sv.name, c)], per[("mlx_lm.server", c)]) if y["aggregate_tok_s"] > 0]
+                    out["ratio_to_mlx_lm_server"][sv.name][str(c)] = {"median": statistics.median(r), "rounds": r}
+                    print(f"{sv.name:28s} c={c}: {statistics.median(r):.3f}x mlx_lm.server (median of {len(r)} "
+                          f"paired rounds; {min(r):.3f}-{max(r):.3f})", flush=True)
         for sv in live:
             name, cmd = sv.name, sv.cmd
             entry = {"command": " ".join(cmd[2:] if cmd[0] == sys.executable else cmd), "levels": rows[name]}
@@ -329,6 +357,9 @@ def main(argv=None) -> int:
     ap.add_argument("--mlx-lm-model", default=None, help="--compare: an MLX model directory for mlx_lm.server "
                     "(default: the packaged SmolLM2 converted to float32 under --workdir)")
     ap.add_argument("--workdir", default="/tmp/mlxspec-load", help="--compare: server logs and the converted model")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="--compare: run every level this many times, alternating the servers' order each round; a "
+                         "level reports its median round and the paired ratio to mlx_lm.server (median of rounds)")
     ap.add_argument("--cold", action="store_true",
                     help="--compare: new prompts at every level (no prompt-cache hits; no equality check, no bounded run)")
     ap.add_argument("--only", default=None, help="--compare: comma-separated server names to run")
@@ -337,6 +368,8 @@ def main(argv=None) -> int:
     if a.compare:
         if not (1 <= a.requests <= 10_000 and 0 <= a.bounded <= 10_000):
             ap.error("--requests must be 1..10000 and --bounded 0..10000")
+        if not 1 <= a.rounds <= 100:
+            ap.error(f"--rounds must be 1..100, got {a.rounds}")
         return compare(a)
     if a.host not in ("127.0.0.1", "localhost", "::1"):
         ap.error("the load test only talks to a server on this machine (127.0.0.1 / localhost / ::1)")

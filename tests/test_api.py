@@ -83,7 +83,7 @@ def test_stream_generate_responses(sm, dspark_dir):
     assert sum(a for _, a in s.by_source.values()) == s.accepted
     assert "drafter" in s.by_source and set(s.by_source) <= {"drafter", "lookup"}
     d, a = s.by_source["drafter"]
-    assert f"Accepted by source: " in foot and f"drafter {a}/{d} drafts" in foot
+    assert "Accepted by source: " in foot and f"drafter {a}/{d} drafts" in foot
 
 
 def test_draft_simple_speculator_accepts_everything(sm, smollm2_path):

@@ -373,6 +373,33 @@ def test_metrics(server):
     assert float(re.search(r"^mlxspec_generation_tokens_per_second (\S+)", body, re.M).group(1)) > 0
     count = int(re.search(r"^mlxspec_time_to_first_token_seconds_count (\d+)", body, re.M).group(1))
     assert count >= 1
+    assert int(re.search(r"^mlxspec_blas_threads (\d+)", body, re.M).group(1)) >= 1  # OpenBLAS, governed
+
+
+def _counter(port, name) -> int:
+    return int(re.search(rf"^{name} (\d+)", _raw(port, "GET", "/metrics")[2], re.M).group(1))
+
+
+def test_a_burst_of_requests_shares_one_prefill(server):
+    """Requests arriving together are prefilled in ONE batched forward (the worker waits a few ms
+    while requests are still arriving), not one by one."""
+    port, m = server["port"], server["model"]
+    before = [_counter(port, n) for n in ("mlxspec_prefills_total", "mlxspec_prefilled_prompts_total")]
+    go, out = threading.Barrier(4), [None] * 4
+    clients = [_client(server) for _ in range(4)]  # made before the barrier: the four arrive together
+
+    def one(i):
+        go.wait()
+        out[i] = _chat(clients[i], m, f"Name a colour, please ({i}).", max_tokens=3)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert all(r is not None and r.usage.completion_tokens >= 1 for r in out)
+    after = [_counter(port, n) for n in ("mlxspec_prefills_total", "mlxspec_prefilled_prompts_total")]
+    assert (after[0] - before[0], after[1] - before[1]) == (1, 4)
 
 
 # ----------------------------------------------------------------------------- Anthropic Messages, OpenAI Responses

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 
-import mlx.core as mx
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten

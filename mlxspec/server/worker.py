@@ -30,6 +30,7 @@ import traceback
 from dataclasses import dataclass, field
 
 from mlxspec import api
+from mlxspec.blas import blas_threads
 from mlxspec.engine.batch import SpecBatch, VerifyBudget, check_batchable
 from mlxspec.engine.verify import SamplingParams
 from mlxspec.errors import MlxspecError
@@ -91,6 +92,7 @@ class Metrics:
         self.ttft = [0] * (len(TTFT_BUCKETS) + 1)
         self.ttft_sum, self.ttft_count = 0.0, 0
         self.batch_size, self.max_batch, self.batch_steps = 0, 1, 0
+        self.prefills = self.prefilled_rows = 0  # prefill forwards, and the prompts they ran
         self.recent: collections.deque = collections.deque()  # (time, tokens committed) of the last RATE_WINDOW s
         self.started = time.perf_counter()
 
@@ -114,6 +116,12 @@ class Metrics:
         with self.lock:
             k = (route, status)
             self.requests[k] = self.requests.get(k, 0) + 1
+
+    def prefilled(self, rows: int):
+        """One prefill forward over `rows` prompts (a burst of arrivals joins in one)."""
+        with self.lock:
+            self.prefills += 1
+            self.prefilled_rows += rows
 
     def first_token(self, seconds: float):
         with self.lock:
@@ -166,6 +174,14 @@ class Metrics:
                    [("", self.max_batch)])
             metric("mlxspec_batch_steps_total", "counter", "Batched speculative steps (one target verify each).",
                    [("", self.batch_steps)])
+            metric("mlxspec_prefills_total", "counter", "Prefill forwards (several arriving prompts share one).",
+                   [("", self.prefills)])
+            metric("mlxspec_prefilled_prompts_total", "counter", "Prompts prefilled (by those forwards).",
+                   [("", self.prefilled_rows)])
+            threads = blas_threads()
+            if threads is not None:
+                metric("mlxspec_blas_threads", "gauge", "OpenBLAS threads in use now (the governor follows the "
+                       "host's load; MLXSPEC_BLAS_THREADS fixes it).", [("", threads)])
             metric("mlxspec_generation_tokens_per_second", "gauge",
                    f"Tokens generated per second over all requests, over the last {RATE_WINDOW:g} s.", [("", tps)])
             if cache is not None:
@@ -447,6 +463,7 @@ class Worker:
             for r in gen:
                 if first:
                     first = False
+                    self.metrics.prefilled(1)
                     self.metrics.first_token(time.perf_counter() - job.submitted)
                 last = r
                 toks.append(r.token)
@@ -559,6 +576,7 @@ class Worker:
             except BaseException as e:  # noqa: BLE001
                 self._abandon(p, e)
                 return
+            self.metrics.prefilled(1)
             self._joined_or_fail(live, p, row, first, p["cache"])
             return
         if not preps:
@@ -570,6 +588,7 @@ class Worker:
             for p in preps:
                 self._abandon(p, e)
             return
+        self.metrics.prefilled(len(preps))
         for p, (row, first) in zip(preps, results):
             # a row done at its first token never joined: its prompt is not stored (no cache of its own)
             self._joined_or_fail(live, p, row, first, None)

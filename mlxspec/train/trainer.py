@@ -232,7 +232,7 @@ class Batcher:
         return rows
 
     def __call__(self):
-        tc, L, B, K, S = self.tc, self.L, self.B, self.K, self.tc.seqs_per_step
+        tc, B, S = self.tc, self.B, self.tc.seqs_per_step
         layout = Layout(tc.sample_from_anchor, B)
         if self.source is not None:
             self.windows_read += S
