@@ -282,3 +282,60 @@ def test_budget_caps_rows_and_output_is_unchanged(default):
     for row, toks in rows.values():
         assert max(row.stats.verify_lengths) <= 2
         assert toks == solo(target, spec, eos, row.prompt_ids, 8)
+
+
+def test_autoregressive_steps_start_the_next_forward_ahead_and_output_is_unchanged(default):
+    """Rows without a drafter: every step is autoregressive, so each starts the next one's
+    forward before returning (`SpecBatch._start_ahead`, as mlx-lm's BatchGenerator overlaps its
+    steps). Rows join mid-run, one ends early and stays a step before it is removed: every
+    row's tokens equal its solo autoregressive run."""
+    target, spec, eos, ids = default
+    limits = [MAX, 6, MAX, MAX]
+    refs = [[t for s in generate_steps(target, i, max_tokens=m, eos_ids=eos) for t in s] for i, m in zip(ids, limits)]
+    b = SpecBatch(target)
+    out = {}
+    for row, first in b.add_many([dict(prompt_ids=ids[k], max_tokens=limits[k], eos_ids=eos, tag=k) for k in (0, 1)]):
+        out[row.tag] = list(first)
+    steps = 0
+    while len(b) or len(out) < 4:
+        if steps == 3:
+            for row, first in b.add_many([dict(prompt_ids=ids[k], max_tokens=limits[k], eos_ids=eos, tag=k)
+                                          for k in (2, 3)]):
+                out[row.tag] = list(first)
+        for row, committed in b.step():
+            out[row.tag] += committed
+        if steps % 2:  # rows done stay in the batch for a step now and then
+            b.remove([r for r in b.rows if r.done])
+        steps += 1
+        if not any(not r.done for r in b.rows):
+            b.remove(list(b.rows))
+    assert [out[k] for k in range(4)] == refs
+    assert b.pipelined >= 10
+
+
+def test_budget_switching_between_drafting_and_autoregressive_steps_keeps_output(default):
+    """Drafting rows under a budget whose cap moves between 0 (autoregressive: the next forward
+    starts ahead, its taps still reach each drafter) and 1-3 drafts: greedy output is each row's
+    solo output and every drafter's context stays aligned (the batch checks it every step)."""
+    target, _, eos, ids = default
+    # the fixed policy drafts whatever the cap allows (an adaptive one may have learned not to)
+    spec = api.load_speculator(str(api.shipped_drafter()), target, ngram=True, policy="fixed")
+    budget = VerifyBudget({L: 1 / (0.01 * L) for L in range(1, 10)}, max_drafts=8, probe_every=10**6)
+    caps = iter([0, 0, 0, 2, 0, 0, 1, 0, 0, 0, 3] * 10)
+    budget.cap = lambda limits: next(caps)
+    b = SpecBatch(target, taps=tuple(spec.make_drafter(target).taps), budget=budget)
+    rows = {}
+    reqs = []
+    for k in (0, 1, 3):
+        d = spec.make_drafter(target)
+        reqs.append(dict(prompt_ids=ids[k], drafter=d, max_tokens=MAX, eos_ids=eos, policy=api.make_policy(target, d, spec)))
+    for row, first in b.add_many(reqs):
+        rows[id(row)] = (row, list(first))
+    while len(b):
+        for r, c in b.step():
+            rows[id(r)][1].extend(c)
+        b.remove([r for r in b.rows if r.done])
+    assert b.pipelined >= 3
+    for row, toks in rows.values():
+        assert toks == solo(target, spec, eos, row.prompt_ids, MAX)
+    assert sum(row.stats.drafted for row, _ in rows.values()) > 0  # the drafting steps did draft

@@ -26,6 +26,13 @@ its own cached prefix if it has one, in one forward; then their K/V are copied i
 batch, one concatenation per layer. Finished or removed rows leave between steps (`remove`; `extract`
 gives a row's cache back as a single-sequence `TargetCache`).
 
+A step that is autoregressive for every row (no row can draft, or the budget's cap is 0) and
+greedy decides the next step's cap at once and, when it is 0 again, starts the next forward on
+this step's argmax before reading it (`mx.async_eval`, as mlx-lm's `BatchGenerator` does): the
+graph building, the bookkeeping and the caller's work between steps overlap the compute.
+Such a step commits exactly one token per row, so the next positions are known; rows joining
+or leaving drop the started forward (its writes sit past every row's length, never read).
+
 Batching needs plain KV caches (dense targets). Targets with sliding-window (rotating) or
 recurrent layers are refused by `check_batchable` with one line; callers then run those one
 sequence at a time through `generate_steps`, whose rollback is exact for every cache kind.
@@ -55,6 +62,8 @@ from mlxspec.engine.verify import (
     accept_greedy,
     accept_sampled,
     argmax_finite,
+    argmax_lazy,
+    check_finite,
     probs_from_logits,
     sample_token,
 )
@@ -298,6 +307,22 @@ class Row:
         return len(self.prompt_ids) + self.produced - 1
 
 
+@dataclass(eq=False)
+class _Ahead:
+    """The next step, decided (its cap) and, when autoregressive, started (`SpecBatch._start_ahead`)
+    for these rows at these lengths."""
+
+    ids: list
+    lens: list
+    cap: int
+    vlogits: mx.array | None = None
+    vtaps: mx.array | None = None
+    am: mx.array | None = None
+    ok: mx.array | None = None
+    t_sync: float = 0.0  # when the step that started it had its tokens
+    t_return: float = 0.0  # and when it returned them
+
+
 class SpecBatch:
     """Rows speculating together over one target (see the module docstring).
 
@@ -315,6 +340,8 @@ class SpecBatch:
         self.budget = budget
         self.cap: int | None = None  # the budget's cap of the last step (None: no cap)
         self.rows: list[Row] = []
+        self._ahead: _Ahead | None = None  # the next step, when decided or started early
+        self.pipelined = 0  # steps whose forward was started by the step before (`_start_ahead`)
         self.lens = _Lengths()
         self.layers = [RaggedKVCache(self.lens) for _ in range(target.info.num_layers)]
 
@@ -354,6 +381,7 @@ class SpecBatch:
         row would copy the growing batch once per row)."""
         if not rows:
             return
+        self._ahead = None  # the rows change: a next step decided or started for the old ones is dropped
         cap = _slots(max(ns + self.lens.list))  # later steps grow it (`_grow`)
         for layer, k, v in zip(self.layers, keys, values):
             layer.append_rows(k, v, cap)
@@ -465,6 +493,7 @@ class SpecBatch:
         keep = [i for i, r in enumerate(self.rows) if id(r) not in gone]
         if len(keep) == len(self.rows):
             return
+        self._ahead = None
         for layer in self.layers:
             layer.keep_rows(keep)
         self.rows = [self.rows[i] for i in keep]
@@ -475,7 +504,9 @@ class SpecBatch:
         """Draft, verify in one forward, accept and commit for every row -> [(row, committed)].
 
         Rows that end in this step (EOS, max_tokens) are marked `done` and stay in the batch
-        until `remove` (so a caller can still `extract` their cache)."""
+        until `remove` (so a caller can still `extract` their cache). A step that is
+        autoregressive for every row starts the next one's forward before it returns when that
+        one will be autoregressive too (`_start_ahead`)."""
         live = [r for r in self.rows if not r.done]
         if not live:
             return []
@@ -483,30 +514,38 @@ class SpecBatch:
             for r, n in zip(self.rows, self.lens.list):
                 if not r.done:
                     _check(r, n)
-        self.cap = None
-        if self.budget is not None and len(live) > 1:
-            self.cap = self.budget.cap([min(r.limit, r.max_tokens - r.produced - 1) for r in live])
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and (ahead.ids != [id(r) for r in self.rows] or ahead.lens != self.lens.list):
+            ahead = None  # rows joined or left since (its writes sit past every row's length, unread)
+        if ahead is not None:
+            self.cap = ahead.cap  # decided when it was started, from the same history
+        else:
+            self.cap = None
+            if self.budget is not None and len(live) > 1:
+                self.cap = self.budget.cap(self._limits(live, 0))
+        started = ahead is not None and ahead.vlogits is not None
         props = {id(r): self._propose(r, self.cap) for r in live}
         # padded block per row: [anchor, drafts..] then repeats of its last token
         blocks = [[r.anchor] + props[id(r)].drafts if not r.done else [r.anchor] for r in self.rows]
         L = max(len(b) for b in blocks)
-        tokens = mx.array([b + [b[-1]] * (L - len(b)) for b in blocks])
-        tv = time.perf_counter()
-        govern()  # OpenBLAS's thread count follows the host's load (as Target.__call__ does)
-        # the forward to the final norm, then the LM head over the rows' real block rows only
-        # (the head is a fifth of SmolLM2's forward; padding rows would pay it for nothing)
-        h, vtaps = self.target._run(lambda: self.target.inner(tokens, cache=self.layers), tokens, self.layers,
-                                    self.taps, "hidden")
         live_idx = [b for b, r in enumerate(self.rows) if not r.done]
         starts, rows_idx = {}, []
         for b in live_idx:
             starts[b] = len(rows_idx)
             rows_idx += range(b * L, b * L + len(blocks[b]))
-        flat = h.reshape(len(blocks) * L, h.shape[-1])
-        vlogits = self.target.lm_head(flat if len(rows_idx) == flat.shape[0] else flat[mx.array(rows_idx)])
+        tv = time.perf_counter()
+        if started:  # its logits hold one row per batch row (rows done since included)
+            vlogits, vtaps = ahead.vlogits, ahead.vtaps
+            starts = {b: b for b in live_idx}
+            self.pipelined += 1
+        else:
+            vlogits, vtaps = self._forward(mx.array([b + [b[-1]] * (L - len(b)) for b in blocks]), rows_idx)
         am_of, p_of = {}, {}
         if any(self.rows[b].sampling.greedy for b in live_idx):
-            am = argmax_finite(vlogits).tolist()
+            am_arr, ok = (ahead.am, ahead.ok) if started else argmax_lazy(vlogits)
+            if L == 1 and len(live_idx) == len(self.rows) and all(r.sampling.greedy for r in live):
+                self._start_ahead(live, am_arr)  # before waiting for this step's tokens
+            am = check_finite(am_arr, ok).tolist()
             am_of = {b: am[starts[b] : starts[b] + len(blocks[b])] for b in live_idx if self.rows[b].sampling.greedy}
         sampled = [b for b in live_idx if not self.rows[b].sampling.greedy]
         if sampled:
@@ -514,7 +553,13 @@ class SpecBatch:
                   for b in sampled]
             mx.eval(ps)
             p_of = dict(zip(sampled, ps))
-        t_verified = time.perf_counter() - tv
+        t_sync = time.perf_counter()
+        # a forward started ahead ran from the last step's tokens on: its time is that step's
+        # bookkeeping and this step's wait, not the caller's work between (which it overlapped,
+        # however long that was; with a caller as quick as the server's, nearly the forward's)
+        t_verified = t_sync - tv + (ahead.t_return - ahead.t_sync if started else 0.0)
+        if self._ahead is not None:
+            self._ahead.t_sync = t_sync
         if self.budget is not None:
             self.budget.observe_forward(len(blocks) * L, t_verified)  # the padded [B, L] the forward ran
         out, new_lens = [], list(self.lens.list)
@@ -537,7 +582,53 @@ class SpecBatch:
             r.drafter.accept([r.anchor] + drafts[:a], vtaps[b : b + 1, : a + 1] if vtaps is not None else None)
             out.append((r, self._commit(r, pr, a, nxt, t_verified, len(live))))
         self.lens.set(new_lens)
+        if self._ahead is not None:
+            self._ahead.t_return = time.perf_counter()
         return out
+
+    def _limits(self, live: list[Row], ahead: int) -> list[int]:
+        """Each row's most drafts for the step `ahead` steps from now (one token per step between)."""
+        return [min(r.limit, r.max_tokens - r.produced - 1 - ahead) for r in live]
+
+    def _forward(self, tokens: mx.array, rows_idx: list[int] | None):
+        """The target over a [B, L] block at the rows' lengths -> (logits of the block rows
+        `rows_idx` of the flattened B*L (None: all), taps), not evaluated. The forward runs to the
+        final norm and the LM head only over the real rows (the head is a fifth of SmolLM2's
+        forward; padding rows would pay it for nothing)."""
+        govern()  # OpenBLAS's thread count follows the host's load (as Target.__call__ does)
+        h, vtaps = self.target._run(lambda: self.target.inner(tokens, cache=self.layers), tokens, self.layers,
+                                    self.taps, "hidden")
+        flat = h.reshape(tokens.shape[0] * tokens.shape[1], h.shape[-1])
+        whole = rows_idx is None or len(rows_idx) == flat.shape[0]
+        return self.target.lm_head(flat if whole else flat[mx.array(rows_idx)]), vtaps
+
+    def _start_ahead(self, live: list[Row], am: mx.array) -> None:
+        """In an autoregressive step of every row (all greedy, none done): decide the next step's
+        cap now, and if it is autoregressive too, start its forward on this step's argmax `am`
+        (not evaluated yet), as mlx-lm's BatchGenerator does: the next tokens' compute then
+        overlaps this step's bookkeeping and the caller's (the server streams this step's text
+        meanwhile) instead of following it. Every row grows by exactly one token in such a step,
+        so the next positions are known. A row that ends in this step leaves the batch before
+        the next (its extra slot is never read) and the started forward is dropped unused."""
+        if all(r.limit == 0 for r in live):
+            cap = 0  # no row can draft (no drafter): every step is autoregressive
+        elif self.budget is not None and len(live) > 1:
+            cap = self.budget.cap(self._limits(live, 1))
+        else:
+            return  # a row's own policy decides from this step's outcome
+        ids, lens = [id(r) for r in self.rows], [n + 1 for n in self.lens.list]
+        if cap != 0:
+            self._ahead = _Ahead(ids, lens, cap)  # the decision only: the next step drafts
+            return
+        saved = self.lens.list
+        self.lens.set(lens)
+        try:
+            vlogits, vtaps = self._forward(am[:, None], None)
+        finally:
+            self.lens.set(saved)
+        nam, ok = argmax_lazy(vlogits)
+        mx.async_eval(nam, ok, *([vtaps] if vtaps is not None else []))
+        self._ahead = _Ahead(ids, lens, 0, vlogits, vtaps, nam, ok)
 
     def _propose(self, r: Row, cap: int | None = None) -> Proposal:
         """Steps 1-2 of `generate_steps` for one row (`engine.step.propose`), at most `cap` drafts."""

@@ -60,14 +60,23 @@ def _nonfinite(who: str = "the target") -> Exception:
                         "corrupt or overflow in this precision: re-download or re-convert the model")
 
 
-def argmax_finite(logits: mx.array) -> mx.array:
-    """argmax over the last axis, refusing NaN/Inf logits (their argmax is meaningless)."""
-    am = mx.argmax(logits, axis=-1)
-    ok = mx.all(mx.isfinite(logits))
+def argmax_lazy(logits: mx.array) -> tuple[mx.array, mx.array]:
+    """(argmax over the last axis, whether every logit is finite), not evaluated yet: a caller
+    can start more work on the argmax before `check_finite`."""
+    return mx.argmax(logits, axis=-1), mx.all(mx.isfinite(logits))
+
+
+def check_finite(am: mx.array, ok: mx.array) -> mx.array:
+    """Evaluate an `argmax_lazy` pair, refusing NaN/Inf logits (their argmax is meaningless)."""
     mx.eval(am, ok)
     if not ok.item():
         raise _nonfinite()
     return am
+
+
+def argmax_finite(logits: mx.array) -> mx.array:
+    """argmax over the last axis, refusing NaN/Inf logits (their argmax is meaningless)."""
+    return check_finite(*argmax_lazy(logits))
 
 
 def accept_greedy(draft: list[int], target_argmax: list[int]) -> tuple[int, int]:
