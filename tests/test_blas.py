@@ -57,6 +57,26 @@ def test_quiet_host_uses_every_core_and_a_busy_core_drops_a_thread():
     assert g.threads == 2 and applied == [2, 1, 2]
 
 
+def test_a_load_while_this_process_idled_does_not_drop_a_thread():
+    """Another server answered (1.8 cores) while this one idled without ticking; when this one
+    works again beside a light load (a client, 0.4 core) it keeps both threads: the idle gap's
+    load is not counted."""
+    h = Host()
+    g, applied = _governor(h)
+    for _ in range(10):
+        h.run(0.1)
+        g.tick()
+    assert g.threads == 2
+    h.others, h.mine = 1.8, 0.0
+    h.run(20.0)  # no ticks: idle
+    h.others, h.mine = 0.4, 1.0
+    for _ in range(30):
+        h.run(0.1)
+        g.tick()
+        assert g.threads == 2
+    assert applied == [2]
+
+
 def test_samples_only_once_per_period():
     h = Host()
     calls = []
@@ -72,8 +92,8 @@ def test_samples_only_once_per_period():
     assert 2 <= len(calls) <= 4
 
 
-@pytest.mark.parametrize("others,cores,threads", [(0.0, 2, 2), (0.3, 2, 2), (0.5, 2, 1), (1.0, 2, 1),
-                                                   (3.0, 2, 1), (1.0, 8, 7), (2.5, 8, 5), (0.0, 1, 1)])
+@pytest.mark.parametrize("others,cores,threads", [(0.0, 2, 2), (0.3, 2, 2), (0.6, 2, 2), (0.8, 2, 1), (1.0, 2, 1),
+                                                   (3.0, 2, 1), (1.0, 8, 7), (2.5, 8, 6), (0.0, 1, 1)])
 def test_choice(others, cores, threads):
     assert ThreadGovernor(cores=cores, sample=lambda: None, apply=lambda n: None).choose(others) == threads
 
