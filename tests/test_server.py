@@ -370,6 +370,7 @@ def test_metrics(server):
         assert re.search(rf"^{name}\b", body, re.M), name
     assert re.search(r"^mlxspec_max_batch 8$", body, re.M)  # the default on this machine's 2+ cores
     assert int(re.search(r"^mlxspec_batch_steps_total (\d+)", body, re.M).group(1)) >= 1
+    assert re.search(r"^mlxspec_batch_steps_started_ahead_total \d+$", body, re.M)
     assert float(re.search(r"^mlxspec_generation_tokens_per_second (\S+)", body, re.M).group(1)) > 0
     count = int(re.search(r"^mlxspec_time_to_first_token_seconds_count (\d+)", body, re.M).group(1))
     assert count >= 1

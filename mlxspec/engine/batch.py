@@ -322,6 +322,14 @@ class _Ahead:
     t_sync: float = 0.0  # when the step that started it had its tokens
     t_return: float = 0.0  # and when it returned them
 
+    def keep(self, rows: list[int]) -> "_Ahead":
+        """The same for the batch's rows `rows` only (others left; one logits row per batch row)."""
+        idx = mx.array(rows, dtype=mx.int32)
+        pick = (lambda a: a[idx]) if self.vlogits is not None else (lambda a: a)
+        return _Ahead([self.ids[i] for i in rows], [self.lens[i] for i in rows], self.cap,
+                      *(pick(a) if a is not None else None for a in (self.vlogits, self.vtaps, self.am)), self.ok,
+                      self.t_sync, self.t_return)
+
 
 class SpecBatch:
     """Rows speculating together over one target (see the module docstring).
@@ -493,7 +501,8 @@ class SpecBatch:
         keep = [i for i, r in enumerate(self.rows) if id(r) not in gone]
         if len(keep) == len(self.rows):
             return
-        self._ahead = None
+        if self._ahead is not None:  # the next step's forward for the rows that stay stands
+            self._ahead = self._ahead.keep(keep) if keep else None
         for layer in self.layers:
             layer.keep_rows(keep)
         self.rows = [self.rows[i] for i in keep]
@@ -610,6 +619,8 @@ class SpecBatch:
         meanwhile) instead of following it. Every row grows by exactly one token in such a step,
         so the next positions are known. A row that ends in this step leaves the batch before
         the next (its extra slot is never read) and the started forward is dropped unused."""
+        if all(r.max_tokens - r.produced <= 1 for r in live):
+            return  # every row ends with this step's token: there is no next step
         if all(r.limit == 0 for r in live):
             cap = 0  # no row can draft (no drafter): every step is autoregressive
         elif self.budget is not None and len(live) > 1:

@@ -91,7 +91,7 @@ class Metrics:
         self.cancelled = self.timeouts = 0
         self.ttft = [0] * (len(TTFT_BUCKETS) + 1)
         self.ttft_sum, self.ttft_count = 0.0, 0
-        self.batch_size, self.max_batch, self.batch_steps = 0, 1, 0
+        self.batch_size, self.max_batch, self.batch_steps, self.steps_ahead = 0, 1, 0, 0
         self.prefills = self.prefilled_rows = 0  # prefill forwards, and the prompts they ran
         self.recent: collections.deque = collections.deque()  # (time, tokens committed) of the last RATE_WINDOW s
         self.started = time.perf_counter()
@@ -174,6 +174,8 @@ class Metrics:
                    [("", self.max_batch)])
             metric("mlxspec_batch_steps_total", "counter", "Batched speculative steps (one target verify each).",
                    [("", self.batch_steps)])
+            metric("mlxspec_batch_steps_started_ahead_total", "counter", "Autoregressive batched steps whose forward "
+                   "the step before started (overlapping its bookkeeping and streaming).", [("", self.steps_ahead)])
             metric("mlxspec_prefills_total", "counter", "Prefill forwards (several arriving prompts share one).",
                    [("", self.prefills)])
             metric("mlxspec_prefilled_prompts_total", "counter", "Prompts prefilled (by those forwards).",
@@ -531,6 +533,7 @@ class Worker:
             if not live:
                 continue
             # 2. one batched step over every job
+            ahead = self.batch.pipelined
             try:
                 results = self.batch.step()
             except BaseException as e:  # noqa: BLE001 - a failed step fails every job in it
@@ -541,6 +544,7 @@ class Worker:
                 self.batch = SpecBatch(self.target, taps=self.batch.taps, budget=self.batch.budget)
                 continue
             self.metrics.batch_steps += 1
+            self.metrics.steps_ahead += self.batch.pipelined - ahead
             n = 0
             for row, committed in results:
                 lv = live[id(row)]
