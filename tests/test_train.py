@@ -88,6 +88,9 @@ def test_streamed_store_is_resumable_and_refuses_overflowed_taps(smollm2, tmp_pa
     assert parse_data_mix(f"{out}@2:0.5,{out}") == [(str(out), 0.5, 2), (str(out), 1.0, 0)]
     with pytest.raises(MlxspecError, match=r"DIR@N takes the store's windows from N on; got 'x'"):
         parse_data_mix(f"{out}@x")
+    named = tmp_path / "run@2"  # a directory whose own name holds '@' is that directory
+    named.mkdir()
+    assert parse_data_mix(str(named)) == [(str(named), 1.0, 0)]
 
     bad = tmp_path / "old"
     bad.mkdir()
@@ -99,6 +102,8 @@ def test_streamed_store_is_resumable_and_refuses_overflowed_taps(smollm2, tmp_pa
     np.save(bad / "taps.npy", t16)
     with pytest.raises(MlxspecError, match=r"1 stored tap values are inf/NaN .* prepare the data again"):
         load_shards(bad)
+    # only the windows to be read are checked: the first two are finite
+    assert load_shards(bad, max_windows=2)["taps"].shape[0] == 2
 
 
 def test_loss_decreases_resume_and_export(smollm2, shards, tmp_path):

@@ -30,8 +30,9 @@ A step that is autoregressive for every row (no row can draft, or the budget's c
 greedy decides the next step's cap at once and, when it is 0 again, starts the next forward on
 this step's argmax before reading it (`mx.async_eval`, as mlx-lm's `BatchGenerator` does): the
 graph building, the bookkeeping and the caller's work between steps overlap the compute.
-Such a step commits exactly one token per row, so the next positions are known; rows joining
-or leaving drop the started forward (its writes sit past every row's length, never read).
+Such a step commits exactly one token per row, so the next positions are known. Rows leaving
+keep the started forward for the rows that stay; rows joining drop it (its writes sit past every
+row's length, never read).
 
 Batching needs plain KV caches (dense targets). Targets with sliding-window (rotating) or
 recurrent layers are refused by `check_batchable` with one line; callers then run those one
@@ -325,9 +326,8 @@ class _Ahead:
     def keep(self, rows: list[int]) -> "_Ahead":
         """The same for the batch's rows `rows` only (others left; one logits row per batch row)."""
         idx = mx.array(rows, dtype=mx.int32)
-        pick = (lambda a: a[idx]) if self.vlogits is not None else (lambda a: a)
         return _Ahead([self.ids[i] for i in rows], [self.lens[i] for i in rows], self.cap,
-                      *(pick(a) if a is not None else None for a in (self.vlogits, self.vtaps, self.am)), self.ok,
+                      *(None if a is None else a[idx] for a in (self.vlogits, self.vtaps, self.am)), self.ok,
                       self.t_sync, self.t_return)
 
 
@@ -618,7 +618,7 @@ class SpecBatch:
         overlaps this step's bookkeeping and the caller's (the server streams this step's text
         meanwhile) instead of following it. Every row grows by exactly one token in such a step,
         so the next positions are known. A row that ends in this step leaves the batch before
-        the next (its extra slot is never read) and the started forward is dropped unused."""
+        the next (its extra slot is never read; `remove` keeps the forward for the others)."""
         if all(r.max_tokens - r.produced <= 1 for r in live):
             return  # every row ends with this step's token: there is no next step
         if all(r.limit == 0 for r in live):

@@ -252,10 +252,13 @@ def load_shards(path: str | os.PathLike, max_windows: int | None = None, first: 
         raise MlxspecError(f"--data {path}@{first}: the store holds {n} completed windows, none from window {first} on; "
                            f"prepare more (mlxspec train --prepare-only --data {path}) or pass a smaller N")
     stop = n if max_windows is None else min(n, first + max_windows)
-    return {k: v[first:stop] for k, v in out.items()} if (first or stop < n) else out
+    out = {k: v[first:stop] for k, v in out.items()} if (first or stop < n) else out
+    check_finite_taps(path, out["taps"])  # the windows to be read
+    return out
 
 
 def _load_shards(path) -> dict[str, np.ndarray]:
+    """A store's completed windows, not checked yet (`load_shards`)."""
     p = Path(path)
     if (p / "progress.json").exists():
         done = stream_progress(p)[0]
@@ -266,15 +269,12 @@ def _load_shards(path) -> dict[str, np.ndarray]:
         for k in ("start", "end", "source"):  # regenerated stores (`mlxspec.train.regen`)
             if (p / f"{k}.npy").exists():
                 out[k] = np.load(p / f"{k}.npy", mmap_mode="r")[:done]
-        check_finite_taps(path, out["taps"])
         return out
     files = sorted(p.glob("shard_*.npz"))
     if not files:
         raise MlxspecError(f"{path}: no training shards; run `mlxspec train --prepare-only` (or any `mlxspec train`) first")
     parts = [dict(np.load(f)) for f in files]
-    out = {k: np.concatenate([q[k] for q in parts]) for k in parts[0]}
-    check_finite_taps(path, out["taps"])
-    return out
+    return {k: np.concatenate([q[k] for q in parts]) for k in parts[0]}
 
 
 def prepare_generated_shards(

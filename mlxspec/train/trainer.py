@@ -99,7 +99,7 @@ def parse_data_mix(data) -> list[tuple[str, float, int]]:
         if float(w) <= 0:
             raise MlxspecError(f"--data {data!r}: a store's weight must be > 0, got {w!r} for {d!r}")
         first = 0
-        if "@" in d:
+        if "@" in d and not Path(d).exists():  # (a directory whose own name holds '@' is a directory)
             d, _, n = d.rpartition("@")
             if not n.isdigit():
                 raise MlxspecError(f"--data {data!r}: DIR@N takes the store's windows from N on; got {n!r} "
