@@ -378,3 +378,48 @@ def test_train_seed_draws_the_corpus_windows_and_resumes_its_store(tmp_path, cap
         stores[seed] = np.asarray(load_shards(str(d))["tokens"]).copy()
         assert main(args) == 0, capsys.readouterr().err  # resumes its own store
     assert stores[1].shape == stores[2].shape and not np.array_equal(stores[1], stores[2])
+
+
+def _drafts(model, target, tok):
+    ids = tok.encode("def add(a, b):\n    return", add_special_tokens=False)
+    d = BlockDrafter(model, target)
+    cache = target.make_cache()
+    _, taps = target(mx.array([ids]), cache, taps=d.taps)
+    d.begin(ids, taps)
+    o = d.draft(ids[-1], 4, SamplingParams(), np.random.default_rng(0))
+    return o.tokens, np.asarray(o.logits)
+
+
+def test_init_from_a_shallower_export_grows_it_and_trains_only_the_new_layer(smollm2, shards, tmp_path):
+    """--init-from with fewer layers than --layers: at step 0 the grown drafter drafts exactly
+    as the export (the new layer's output projections start at zero); with --train-new-only
+    training changes the new layer only; a deeper export is refused in one line."""
+    from mlx.utils import tree_flatten
+
+    target, tok = smollm2
+    one, cfg1, _ = train(target, str(shards), str(tmp_path / "one"), _tc(steps=3), resume=False, log=lambda *a: None)
+    hf, _ = export_all(one, cfg1, tmp_path / "one", target=target)
+    grown, cfg2, _ = train(target, str(shards), str(tmp_path / "g0"), _tc(steps=0, layers=2, init_from=str(hf)),
+                           resume=False, log=lambda *a: None)
+    assert cfg2.num_hidden_layers == 2
+    t1, l1 = _drafts(load_drafter(str(hf), target.info, log=io.StringIO())[0], target, tok)
+    t2, l2 = _drafts(grown, target, tok)
+    assert t1 == t2
+    np.testing.assert_allclose(l2, l1, atol=1e-4)
+
+    trained, _, info = train(target, str(shards), str(tmp_path / "g1"),
+                             _tc(steps=4, layers=2, init_from=str(hf), train_new_only=True),
+                             resume=False, log=lambda *a: None)
+    before = dict(tree_flatten(grown.parameters()))
+    after = dict(tree_flatten(trained.parameters()))
+    changed = {k for k in after if not np.array_equal(np.asarray(after[k]), np.asarray(before[k]))}
+    assert changed and all(k.startswith("layers.1.") for k in changed), sorted(changed)
+    assert any(k.endswith("o_proj.weight") for k in changed)  # the zero start opens
+
+    hf2, _ = export_all(trained, cfg2, tmp_path / "g1", target=target)
+    with pytest.raises(MlxspecError, match="num_hidden_layers 2 differ from this run's \\(1\\)"):
+        train(target, str(shards), str(tmp_path / "g2"), _tc(steps=1, init_from=str(hf2)),
+              resume=False, log=lambda *a: None)
+    with pytest.raises(MlxspecError, match="--train-new-only trains the layers a drafter grows by"):
+        train(target, str(shards), str(tmp_path / "g3"), _tc(steps=1, init_from=str(hf), train_new_only=True),
+              resume=False, log=lambda *a: None)

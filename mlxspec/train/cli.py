@@ -84,7 +84,12 @@ def add_train_args(p):
     p.add_argument("--all-positions", action="store_true",
                    help="regen stores: anchors in the prompt as well as the answer (default: answer only)")
     p.add_argument("--init-from", default=None,
-                   help="start from a drafter export (e.g. mlxspec/weights/smollm2-135m-dspark) with the same shape")
+                   help="start from a drafter export (e.g. mlxspec/weights/smollm2-135m-dspark) with the same shape, "
+                        "or with fewer layers than --layers: the drafter grows (new layers start as a copy of the "
+                        "export's last with zero output projections, so step 0 drafts as the export)")
+    p.add_argument("--train-new-only", action="store_true",
+                   help="with a grown --init-from: train only the new layers (fc, the inherited layers, the "
+                        "final norm and the heads stay as exported; lets the new layers take a higher --lr)")
     p.add_argument("--compile", action="store_true", help="mx.compile the training step (no faster on CPU, measured)")
     p.add_argument("--heldout-every", type=int, default=0,
                    help="every N steps, held-out tau from the target's greedy answers to the held-out prompts "
@@ -246,7 +251,7 @@ def cmd_train(a) -> int:
         confidence_head=not a.no_confidence, draft_vocab=a.draft_vocab, labels=a.labels, steps=a.steps,
         seqs_per_step=a.seqs_per_step, anchors_per_seq=a.anchors_per_seq, lr=a.lr, warmup=a.warmup,
         seed=a.seed, taps=taps, loss=a.loss, warm_start=a.warm_start, max_windows=a.max_windows,
-        response_only=not a.all_positions, compile=a.compile, init_from=a.init_from,
+        response_only=not a.all_positions, compile=a.compile, init_from=a.init_from, train_new_only=a.train_new_only,
         heldout_every=a.heldout_every, window_order="sequential" if a.online else (a.window_order or "random"),
     )
     if a.heldout_every:

@@ -77,7 +77,8 @@ class TrainConfig:
     seed: int = 0
     checkpoint_every: int = 250
     compile: bool = False  # measured on CPU: no faster (4.4 vs 6.0 s per step, scripts/bench_train.py); for Metal
-    init_from: str | None = None  # a drafter export to start from (same shape; its draft vocabulary is kept)
+    init_from: str | None = None  # a drafter export to start from (same shape, or fewer layers: grown; its draft vocabulary is kept)
+    train_new_only: bool = False  # with a grown init_from: only the new layers train (all the export had stays frozen)
     heldout: str | None = None  # a `train.heldout` store: held-out tau every `heldout_every` steps (budget curve)
     heldout_every: int = 0
     window_order: str = "random"  # random: windows drawn with replacement | sequential: in the store's order (online's)
@@ -437,13 +438,20 @@ def train(
 
         init, icfg = load_drafter(tc.init_from, target.info, log=io.StringIO())
         # (the block size is no parameter: a block-8 drafter can start a block-4 one)
-        mismatch = [k for k in ("lineage", "num_hidden_layers", "intermediate_size", "markov_rank",
+        # (a shallower export grows: `grow_layers`; a deeper one would drop trained layers)
+        mismatch = [k for k in ("lineage", "intermediate_size", "markov_rank",
                                 "target_layer_ids", "sample_from_anchor", "draft_vocab_size")
                     if getattr(icfg, k) != getattr(cfg, k)]
+        if icfg.num_hidden_layers > cfg.num_hidden_layers:
+            mismatch.append("num_hidden_layers")
         if mismatch:
             raise MlxspecError(f"--init-from {tc.init_from}: its {', '.join(f'{k} {getattr(icfg, k)!r}' for k in mismatch)} "
                                f"differ from this run's ({', '.join(f'{getattr(cfg, k)!r}' for k in mismatch)}); "
-                               "pass matching flags")
+                               "pass matching flags (--layers may exceed the export's: the drafter grows)")
+    inherited = icfg.num_hidden_layers if init is not None else 0
+    if tc.train_new_only and not (init is not None and inherited < cfg.num_hidden_layers):
+        raise MlxspecError("--train-new-only trains the layers a drafter grows by: pass --init-from an export with "
+                           f"fewer layers than --layers {cfg.num_hidden_layers}")
     if init is not None and cfg.draft_vocab_size:
         d_ids = (np.asarray(init.d2t) + np.arange(cfg.draft_vocab_size)).astype(np.int32)
     elif cfg.draft_vocab_size and ck_state is not None:  # the checkpoint's own (its store may have grown since)
@@ -486,8 +494,13 @@ def train(
         mine = dict(tree_flatten(model.parameters()))
         model.load_weights([(k, v.astype(mx.float32)) for k, v in tree_flatten(init.parameters())
                             if k in mine and k not in ("lm_head.weight",)], strict=False)
+        grow_layers(model, inherited)
     frozen = frozen_for(target, model)  # the target's embeddings and head rows at the draft ids (d2t)
     model.freeze(keys=["d2t"], strict=False)
+    if tc.train_new_only:  # everything the export had stays as exported: only the new layers learn
+        model.freeze()
+        for layer in model.layers[inherited:]:
+            layer.unfreeze()
 
     def lr_at(step):
         if step < tc.warmup:
@@ -581,6 +594,20 @@ def train(
             _checkpoint(out, model, opt, step + 1, history, tc, cfg, data_state())
     bar.close()
     return model, cfg, {"history": history, "train_config": asdict(tc), "draft_ids": d_ids}
+
+
+def grow_layers(model: DFlashModel, inherited: int) -> None:
+    """A drafter deeper than the export it starts from: each new layer starts as a copy of
+    the export's last layer with its output projections (attention o_proj, MLP down_proj) at
+    zero, so it adds nothing to the residual stream and the grown drafter drafts exactly as
+    the export did at step 0; training then opens the new layers from a useful start (their
+    q/k/v already read the context) rather than from noise."""
+    if not 0 < inherited < len(model.layers):
+        return
+    last = dict(tree_flatten(model.layers[inherited - 1].parameters()))
+    for layer in model.layers[inherited:]:
+        layer.load_weights([(k, mx.zeros_like(v) if k.endswith(("o_proj.weight", "down_proj.weight")) else v)
+                            for k, v in last.items()])
 
 
 def warm_start_from_target(model: DFlashModel, target, taps: list) -> None:
