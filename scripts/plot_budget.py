@@ -4,7 +4,7 @@
 
 Reads the `heldout` points that `mlxspec train --heldout-every N` records in a run's history
 (`<run>/report.json`, or `<run>/ckpt/state.json` while it trains), writes
-<out>.json (the points) and <out>.png (two panels, one line per category and run).
+<out>.json (the points) and <out>.png (a panel per category against each budget, one line per run).
 """
 
 from __future__ import annotations
@@ -48,20 +48,29 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
-    for ax, key, name in ((axes[0], "supervised_blocks", "supervised blocks"),
-                          (axes[1], "distinct_tokens", "distinct supervised tokens")):
-        for lab, pts in data.items():
-            for cat, style in (("code", "-o"), ("prose", "-s"), ("chat", "-^")):
-                xs = [p[key] for p in pts]
-                ys = [p["heldout"][cat]["tau"] for p in pts]
-                ax.plot(xs, ys, style, label=f"{lab} {cat}", markersize=4)
-        ax.set_xlabel(name)
-        ax.set_xscale("log")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("held-out tau (greedy, full blocks)")
-    axes[1].legend(fontsize=7)
-    fig.tight_layout()
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    cats = ("code", "prose", "chat")
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7), sharey="col")
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for row, (key, name) in enumerate((("supervised_blocks", "supervised blocks"),
+                                       ("distinct_tokens", "distinct supervised tokens"))):
+        for col, cat in enumerate(cats):
+            ax = axes[row][col]
+            for i, (lab, pts) in enumerate(data.items()):
+                ax.plot([p[key] for p in pts], [p["heldout"][cat]["tau"] for p in pts], "-o", markersize=3,
+                        color=colors[i % len(colors)], label=lab)
+            ax.set_xscale("log")
+            # labels at 1, 2, 3 and 5 x 10^k (matplotlib's default labels overlap on a short log axis)
+            ax.xaxis.set_major_locator(LogLocator(subs=(1, 2, 3, 5)))
+            ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:.0e}".replace("e+0", "e")))
+            ax.xaxis.set_minor_formatter(NullFormatter())
+            ax.set_xlabel(name)
+            ax.grid(alpha=0.3)
+            if row == 0:
+                ax.set_title(f"{cat}: held-out tau (greedy, full blocks)")
+    fig.legend(*axes[0][0].get_legend_handles_labels(), loc="lower center", ncol=1, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.04 + 0.035 * len(data), 1, 1))
     fig.savefig(out.with_suffix(".png"), dpi=110)
     print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
 
