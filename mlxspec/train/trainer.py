@@ -401,106 +401,10 @@ def train(
     ck = out / "ckpt" / "state.json"
     ck_state = json.loads(ck.read_text()) if resume and ck.exists() else None
     ck_data = (ck_state or {}).get("data") or {}
-    if online:
-        source.set_limit(tc.max_windows)
-        want = json.loads(json.dumps(source.settings()))
-        if ck_state is not None and ck_data.get("source") != want:
-            had = ck_data.get("source") or {}
-            diff = [k for k in want if had.get(k) != want[k]] if had.get("kind") == ONLINE_KIND else ["kind (a store)"]
-            raise MlxspecError(f"--out {out} holds a checkpoint trained on other data ({', '.join(diff)}); pass the "
-                               "same --tokens/--seq-len/--corpus/--seed to resume it, or a new --out")
-        stores, n_windows, data_desc = source, source.limit, want
-        vocab_sample = source.vocabulary_sample
-    else:
-        if (ck_data.get("source") or {}).get("kind") == ONLINE_KIND:
-            raise MlxspecError(f"--out {out} holds a checkpoint of an online run; pass --online (and its data flags) "
-                               "to resume it, or a new --out")
-        mix = parse_data_mix(shards_dir)
-        stores = [(load_shards(d, tc.max_windows, first=first), w) for d, w, first in mix]
-        metas = [json.loads((Path(d) / "meta.json").read_text()) for d, *_ in mix if (Path(d) / "meta.json").exists()]
-        if len({tuple(m["taps"]) for m in metas}) > 1 or len({s["tokens"].shape[1] for s, _ in stores}) > 1:
-            raise MlxspecError(f"--data {shards_dir}: the stores were prepared with different taps or window lengths; "
-                               "mix only stores of one target, taps and --seq-len")
-        if not tc.taps:
-            tc.taps = metas[0]["taps"] if metas else []
-        n_windows = sum(len(s["tokens"]) for s, _ in stores)
-        data_desc = {"kind": "store", "data": [d if not first else f"{d}@{first}" for d, _, first in mix]}
-
-        def vocab_sample():
-            return {k: np.concatenate([np.asarray(s[k][..., 0]) if k == "topk_ids" else np.asarray(s[k])
-                                       for s, _ in stores]) for k in ("tokens", "topk_ids")}
+    stores, n_windows, data_desc, vocab_sample = _open_data(shards_dir, tc, out, ck_state, ck_data)
     (out / "ckpt").mkdir(parents=True, exist_ok=True)
-    V = target.info.vocab_size
     cfg = make_drafter_config(tc, target.info, target.config)
-    init = None
-    if tc.init_from:
-        from mlxspec.drafters.load import load_drafter
-
-        init, icfg = load_drafter(tc.init_from, target.info, log=io.StringIO())
-        # (the block size is no parameter: a block-8 drafter can start a block-4 one)
-        # (a shallower export grows: `grow_layers`; a deeper one would drop trained layers)
-        mismatch = [k for k in ("lineage", "intermediate_size", "markov_rank",
-                                "target_layer_ids", "sample_from_anchor", "draft_vocab_size")
-                    if getattr(icfg, k) != getattr(cfg, k)]
-        if icfg.num_hidden_layers > cfg.num_hidden_layers:
-            mismatch.append("num_hidden_layers")
-        if mismatch:
-            raise MlxspecError(f"--init-from {tc.init_from}: its {', '.join(f'{k} {getattr(icfg, k)!r}' for k in mismatch)} "
-                               f"differ from this run's ({', '.join(f'{getattr(cfg, k)!r}' for k in mismatch)}); "
-                               "pass matching flags (--layers may exceed the export's: the drafter grows)")
-    inherited = icfg.num_hidden_layers if init is not None else 0
-    if tc.train_new_only and not (init is not None and inherited < cfg.num_hidden_layers):
-        raise MlxspecError("--train-new-only trains the layers a drafter grows by: pass --init-from an export with "
-                           f"fewer layers than --layers {cfg.num_hidden_layers}")
-    if init is not None and cfg.draft_vocab_size:
-        d_ids = (np.asarray(init.d2t) + np.arange(cfg.draft_vocab_size)).astype(np.int32)
-    elif cfg.draft_vocab_size and ck_state is not None:  # the checkpoint's own (its store may have grown since)
-        d2t = mx.load(str(out / "ckpt" / "model.safetensors"))["d2t"]
-        d_ids = (np.asarray(d2t) + np.arange(cfg.draft_vocab_size)).astype(np.int32)
-    elif cfg.draft_vocab_size:
-        d_ids = draft_vocabulary(vocab_sample(), V, tc.draft_vocab)
-    else:
-        d_ids = np.arange(V, dtype=np.int32)
-    t2d = np.full(V, -1, np.int32)
-    t2d[d_ids] = np.arange(len(d_ids), dtype=np.int32)
-    mx.random.seed(tc.seed)
-    model = make_model(cfg)
-    if cfg.lineage == "dflash2":
-        # convs start as the identity (tap 0 = 1, dynamic part ~0), the selector as the logits alone
-        for layer in model.layers:
-            for conv in (layer.attention_conv, layer.mlp_conv):
-                base = np.zeros(conv.base_kernel.shape, np.float32)
-                base[:, 0] = 1.0
-                conv.base_kernel = mx.array(base)
-                conv.kernel_projection.weight = conv.kernel_projection.weight * 0.01
-        cs = model.candidate_selector
-        cs.predecessor_codebook = mx.random.normal(cs.predecessor_codebook.shape) * 0.02
-        cs.successor_codebook = mx.random.normal(cs.successor_codebook.shape) * 0.02
-    # small init for the heads that start the drafter off as "no correction"
-    if cfg.markov_rank:
-        model.markov_head.markov_w1.weight = mx.random.normal(model.markov_head.markov_w1.weight.shape) * 0.02
-        model.markov_head.markov_w2.weight = mx.zeros(model.markov_head.markov_w2.weight.shape)
-    # Start the final norm at the target's own: logits through the borrowed head are then
-    # at the target's scale from step 0. (A smaller start, e.g. 0.1x, looks gentler, CE
-    # ~ln V instead of ~70 nats at step 0, but Adam grows a norm weight by ~lr per step:
-    # measured, 0.1x had only reached 0.18x after 500 steps, capping every logit.)
-    # (norm_scale: Gemma's norms multiply by 1 + weight, the drafter's by weight)
-    model.norm.weight = norm_scale(target.model.model.norm, cfg.hidden_size)
-    if tc.warm_start:
-        warm_start_from_target(model, target, tc.taps)
-    if cfg.draft_vocab_size:
-        model.d2t = mx.array(d_ids - np.arange(len(d_ids), dtype=np.int32))
-    if init is not None:
-        mine = dict(tree_flatten(model.parameters()))
-        model.load_weights([(k, v.astype(mx.float32)) for k, v in tree_flatten(init.parameters())
-                            if k in mine and k not in ("lm_head.weight",)], strict=False)
-        grow_layers(model, inherited)
-    frozen = frozen_for(target, model)  # the target's embeddings and head rows at the draft ids (d2t)
-    model.freeze(keys=["d2t"], strict=False)
-    if tc.train_new_only:  # everything the export had stays as exported: only the new layers learn
-        model.freeze()
-        for layer in model.layers[inherited:]:
-            layer.unfreeze()
+    model, frozen, d_ids, t2d = _build_model(target, tc, cfg, out, ck_state, vocab_sample)
 
     def lr_at(step):
         if step < tc.warmup:
@@ -594,6 +498,119 @@ def train(
             _checkpoint(out, model, opt, step + 1, history, tc, cfg, data_state())
     bar.close()
     return model, cfg, {"history": history, "train_config": asdict(tc), "draft_ids": d_ids}
+
+
+def _open_data(shards_dir, tc: TrainConfig, out: Path, ck_state, ck_data: dict):
+    """The run's windows -> (stores: an online source or [(store, weight)], their count, the
+    data description a checkpoint records, vocab_sample() for the draft vocabulary); refuses
+    resuming a checkpoint on other data in one line. Fills tc.taps from the stores' meta."""
+    online = hasattr(shards_dir, "take")
+    if online:
+        shards_dir.set_limit(tc.max_windows)
+        want = json.loads(json.dumps(shards_dir.settings()))
+        if ck_state is not None and ck_data.get("source") != want:
+            had = ck_data.get("source") or {}
+            diff = [k for k in want if had.get(k) != want[k]] if had.get("kind") == ONLINE_KIND else ["kind (a store)"]
+            raise MlxspecError(f"--out {out} holds a checkpoint trained on other data ({', '.join(diff)}); pass the "
+                               "same --tokens/--seq-len/--corpus/--seed to resume it, or a new --out")
+        stores, n_windows, data_desc = shards_dir, shards_dir.limit, want
+        vocab_sample = shards_dir.vocabulary_sample
+    else:
+        if (ck_data.get("source") or {}).get("kind") == ONLINE_KIND:
+            raise MlxspecError(f"--out {out} holds a checkpoint of an online run; pass --online (and its data flags) "
+                               "to resume it, or a new --out")
+        mix = parse_data_mix(shards_dir)
+        stores = [(load_shards(d, tc.max_windows, first=first), w) for d, w, first in mix]
+        metas = [json.loads((Path(d) / "meta.json").read_text()) for d, *_ in mix if (Path(d) / "meta.json").exists()]
+        if len({tuple(m["taps"]) for m in metas}) > 1 or len({s["tokens"].shape[1] for s, _ in stores}) > 1:
+            raise MlxspecError(f"--data {shards_dir}: the stores were prepared with different taps or window lengths; "
+                               "mix only stores of one target, taps and --seq-len")
+        if not tc.taps:
+            tc.taps = metas[0]["taps"] if metas else []
+        n_windows = sum(len(s["tokens"]) for s, _ in stores)
+        data_desc = {"kind": "store", "data": [d if not first else f"{d}@{first}" for d, _, first in mix]}
+
+        def vocab_sample():
+            return {k: np.concatenate([np.asarray(s[k][..., 0]) if k == "topk_ids" else np.asarray(s[k])
+                                       for s, _ in stores]) for k in ("tokens", "topk_ids")}
+    return stores, n_windows, data_desc, vocab_sample
+
+
+def _build_model(target, tc: TrainConfig, cfg: DrafterConfig, out: Path, ck_state, vocab_sample):
+    """The drafter at step 0 -> (model, frozen target tensors, draft ids, target-to-draft
+    map): initialised per lineage, started from --init-from (grown when it is shallower),
+    its draft vocabulary fixed (the export's, the checkpoint's, or drawn from the data)."""
+    V = target.info.vocab_size
+    init = None
+    if tc.init_from:
+        from mlxspec.drafters.load import load_drafter
+
+        init, icfg = load_drafter(tc.init_from, target.info, log=io.StringIO())
+        # (the block size is no parameter: a block-8 drafter can start a block-4 one)
+        # (a shallower export grows: `grow_layers`; a deeper one would drop trained layers)
+        mismatch = [k for k in ("lineage", "intermediate_size", "markov_rank",
+                                "target_layer_ids", "sample_from_anchor", "draft_vocab_size")
+                    if getattr(icfg, k) != getattr(cfg, k)]
+        if icfg.num_hidden_layers > cfg.num_hidden_layers:
+            mismatch.append("num_hidden_layers")
+        if mismatch:
+            raise MlxspecError(f"--init-from {tc.init_from}: its {', '.join(f'{k} {getattr(icfg, k)!r}' for k in mismatch)} "
+                               f"differ from this run's ({', '.join(f'{getattr(cfg, k)!r}' for k in mismatch)}); "
+                               "pass matching flags (--layers may exceed the export's: the drafter grows)")
+    inherited = icfg.num_hidden_layers if init is not None else 0
+    if tc.train_new_only and not (init is not None and inherited < cfg.num_hidden_layers):
+        raise MlxspecError("--train-new-only trains the layers a drafter grows by: pass --init-from an export with "
+                           f"fewer layers than --layers {cfg.num_hidden_layers}")
+    if init is not None and cfg.draft_vocab_size:
+        d_ids = (np.asarray(init.d2t) + np.arange(cfg.draft_vocab_size)).astype(np.int32)
+    elif cfg.draft_vocab_size and ck_state is not None:  # the checkpoint's own (its store may have grown since)
+        d2t = mx.load(str(out / "ckpt" / "model.safetensors"))["d2t"]
+        d_ids = (np.asarray(d2t) + np.arange(cfg.draft_vocab_size)).astype(np.int32)
+    elif cfg.draft_vocab_size:
+        d_ids = draft_vocabulary(vocab_sample(), V, tc.draft_vocab)
+    else:
+        d_ids = np.arange(V, dtype=np.int32)
+    t2d = np.full(V, -1, np.int32)
+    t2d[d_ids] = np.arange(len(d_ids), dtype=np.int32)
+    mx.random.seed(tc.seed)
+    model = make_model(cfg)
+    if cfg.lineage == "dflash2":
+        # convs start as the identity (tap 0 = 1, dynamic part ~0), the selector as the logits alone
+        for layer in model.layers:
+            for conv in (layer.attention_conv, layer.mlp_conv):
+                base = np.zeros(conv.base_kernel.shape, np.float32)
+                base[:, 0] = 1.0
+                conv.base_kernel = mx.array(base)
+                conv.kernel_projection.weight = conv.kernel_projection.weight * 0.01
+        cs = model.candidate_selector
+        cs.predecessor_codebook = mx.random.normal(cs.predecessor_codebook.shape) * 0.02
+        cs.successor_codebook = mx.random.normal(cs.successor_codebook.shape) * 0.02
+    # small init for the heads that start the drafter off as "no correction"
+    if cfg.markov_rank:
+        model.markov_head.markov_w1.weight = mx.random.normal(model.markov_head.markov_w1.weight.shape) * 0.02
+        model.markov_head.markov_w2.weight = mx.zeros(model.markov_head.markov_w2.weight.shape)
+    # Start the final norm at the target's own: logits through the borrowed head are then
+    # at the target's scale from step 0. (A smaller start, e.g. 0.1x, looks gentler, CE
+    # ~ln V instead of ~70 nats at step 0, but Adam grows a norm weight by ~lr per step:
+    # measured, 0.1x had only reached 0.18x after 500 steps, capping every logit.)
+    # (norm_scale: Gemma's norms multiply by 1 + weight, the drafter's by weight)
+    model.norm.weight = norm_scale(target.model.model.norm, cfg.hidden_size)
+    if tc.warm_start:
+        warm_start_from_target(model, target, tc.taps)
+    if cfg.draft_vocab_size:
+        model.d2t = mx.array(d_ids - np.arange(len(d_ids), dtype=np.int32))
+    if init is not None:
+        mine = dict(tree_flatten(model.parameters()))
+        model.load_weights([(k, v.astype(mx.float32)) for k, v in tree_flatten(init.parameters())
+                            if k in mine and k not in ("lm_head.weight",)], strict=False)
+        grow_layers(model, inherited)
+    frozen = frozen_for(target, model)  # the target's embeddings and head rows at the draft ids (d2t)
+    model.freeze(keys=["d2t"], strict=False)
+    if tc.train_new_only:  # everything the export had stays as exported: only the new layers learn
+        model.freeze()
+        for layer in model.layers[inherited:]:
+            layer.unfreeze()
+    return model, frozen, d_ids, t2d
 
 
 def grow_layers(model: DFlashModel, inherited: int) -> None:
