@@ -251,6 +251,7 @@ def test_heldout_replay_equals_the_engine(smollm2, tmp_path):
         assert (mine[cat]["accepted"], mine[cat]["drafted"]) == (ref[cat]["accepted"], ref[cat]["drafted"])
         assert mine[cat]["tau"] == pytest.approx(ref[cat]["tau"])
         np.testing.assert_allclose(mine[cat]["per_position_acceptance"], ref[cat]["per_position_acceptance"])
+        assert mine[cat]["tau_se"] >= 0.0
 
 
 def test_train_flags_that_do_not_apply_are_not_checked():
@@ -423,3 +424,16 @@ def test_init_from_a_shallower_export_grows_it_and_trains_only_the_new_layer(smo
     with pytest.raises(MlxspecError, match="--train-new-only trains the layers a drafter grows by"):
         train(target, str(shards), str(tmp_path / "g3"), _tc(steps=1, init_from=str(hf), train_new_only=True),
               resume=False, log=lambda *a: None)
+
+
+def test_heldout_tau_se_resamples_the_prompts():
+    """tau's standard error over the held-out prompts: 0 when every prompt gives the same tau,
+    growing with their spread, the resampled ratio's std (fixed seed, so reproducible)."""
+    from mlxspec.train.heldout import bootstrap_se
+
+    assert bootstrap_se([(30, 20), (15, 10), (45, 30)]) == 0.0  # tau 1.5 in every prompt
+    assert bootstrap_se([(30, 20)]) == 0.0
+    spread = [(20, 20), (40, 20)]  # tau 1.0 and 2.0
+    se = bootstrap_se(spread)
+    assert se == bootstrap_se(spread) and 0.3 < se < 0.4  # ~0.5 / sqrt(2) for two equal-weight prompts
+    assert bootstrap_se([(20, 20), (30, 20)]) < se

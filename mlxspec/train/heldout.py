@@ -82,6 +82,7 @@ def heldout_tau(model, frozen: dict, store: str | Path, categories=CATEGORIES) -
         budget = int(z["max_tokens"])
         steps = made_all = accepted = drafted = 0
         hits, tries = np.zeros(n_drafts), np.zeros(n_drafts)
+        per_prompt = []  # (tokens made past the prefill's, steps) of each continuation
         for w in range(len(z["tokens"])):
             tokens, start, end = z["tokens"][w], int(z["start"][w]), int(z["end"][w])
             hi = min(end, start + budget)
@@ -98,12 +99,25 @@ def heldout_tau(model, frozen: dict, store: str | Path, categories=CATEGORIES) -
                 step = min(acc + 1, end - (a + 1), budget - made)  # stop after EOS / at max_tokens
                 made += step
                 a += step
+            per_prompt.append((made - 1, steps - sum(n for _, n in per_prompt)))
             made_all += made - 1
-        res[cat] = {"tau": made_all / steps if steps else 1.0, "acceptance_rate": accepted / max(drafted, 1),
+        res[cat] = {"tau": made_all / steps if steps else 1.0, "tau_se": bootstrap_se(per_prompt),
+                    "acceptance_rate": accepted / max(drafted, 1),
                     "accepted": accepted, "drafted": drafted,
                     "per_position_acceptance": (hits / np.maximum(tries, 1)).tolist(),
                     "prompts": int(len(z["tokens"])), "max_tokens": budget}
     return res
+
+
+def bootstrap_se(per_prompt: list, n: int = 2000, seed: int = 0) -> float:
+    """The standard error of tau (sum made / sum steps) over the prompts, by resampling the
+    prompts (fixed seed): how far apart two drafters' held-out tau must be before the
+    prompt set can tell them apart."""
+    if len(per_prompt) < 2:
+        return 0.0
+    made, steps = (np.asarray(x, np.float64) for x in zip(*per_prompt))
+    idx = np.random.default_rng(seed).integers(0, len(made), (n, len(made)))
+    return float(np.std(made[idx].sum(1) / np.maximum(steps[idx].sum(1), 1)))
 
 
 def frozen_for(target, model) -> dict:
