@@ -360,6 +360,7 @@ def test_heldout_every_records_the_budget_curve(smollm2, shards, tmp_path):
     assert 0 < pts[2]["distinct_tokens"] <= 2 * 64
     for p in pts:
         assert set(p["heldout"]) == {"code", "prose", "chat"} and all(v["tau"] >= 1.0 for v in p["heldout"].values())
+        assert all(v["tau_se"] >= 0.0 for v in p["heldout"].values())
 
 
 def test_train_seed_draws_the_corpus_windows_and_resumes_its_store(tmp_path, capsys):
