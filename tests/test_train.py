@@ -38,6 +38,17 @@ def _tc(**kw):
     return TrainConfig(**base)
 
 
+def _drafts(model, target, tok):
+    """One block of 4 drafts after a code prompt -> (tokens, logits, confidence)."""
+    ids = tok.encode("def add(a, b):\n    return", add_special_tokens=False)
+    d = BlockDrafter(model, target)
+    cache = target.make_cache()
+    _, taps = target(mx.array([ids]), cache, taps=d.taps)
+    d.begin(ids, taps)
+    o = d.draft(ids[-1], 4, SamplingParams(), np.random.default_rng(0))
+    return o.tokens, np.asarray(o.logits), o.confidence
+
+
 def test_generated_shards_follow_the_target(shards):
     z = load_shards(shards)
     assert z["tokens"].shape == (2, 64) and z["taps"].shape == (2, 64, 3 * 576)
@@ -119,15 +130,8 @@ def test_loss_decreases_resume_and_export(smollm2, shards, tmp_path):
     assert json.loads((out / "ckpt" / "state.json").read_text())["step"] == 12
 
     hf, gg = export_all(model, cfg, out, target=target)
-    ids = tok.encode("def add(a, b):\n    return", add_special_tokens=False)
-    drafts = []
-    for m in [model] + [load_drafter(str(p), target.info, log=io.StringIO())[0] for p in (hf, gg)]:
-        d = BlockDrafter(m, target)
-        cache = target.make_cache()
-        _, taps = target(mx.array([ids]), cache, taps=d.taps)
-        d.begin(ids, taps)
-        o = d.draft(ids[-1], 4, SamplingParams(), np.random.default_rng(0))
-        drafts.append((o.tokens, np.asarray(o.logits), o.confidence))
+    drafts = [_drafts(m, target, tok) for m in
+              [model] + [load_drafter(str(p), target.info, log=io.StringIO())[0] for p in (hf, gg)]]
     for tokens, logits, conf in drafts[1:]:
         assert tokens == drafts[0][0]
         np.testing.assert_allclose(logits, drafts[0][1], atol=1e-4)
@@ -382,16 +386,6 @@ def test_train_seed_draws_the_corpus_windows_and_resumes_its_store(tmp_path, cap
     assert stores[1].shape == stores[2].shape and not np.array_equal(stores[1], stores[2])
 
 
-def _drafts(model, target, tok):
-    ids = tok.encode("def add(a, b):\n    return", add_special_tokens=False)
-    d = BlockDrafter(model, target)
-    cache = target.make_cache()
-    _, taps = target(mx.array([ids]), cache, taps=d.taps)
-    d.begin(ids, taps)
-    o = d.draft(ids[-1], 4, SamplingParams(), np.random.default_rng(0))
-    return o.tokens, np.asarray(o.logits)
-
-
 def test_init_from_a_shallower_export_grows_it_and_trains_only_the_new_layer(smollm2, shards, tmp_path):
     """--init-from with fewer layers than --layers: at step 0 the grown drafter drafts exactly
     as the export (the new layer's output projections start at zero); with --train-new-only
@@ -404,8 +398,8 @@ def test_init_from_a_shallower_export_grows_it_and_trains_only_the_new_layer(smo
     grown, cfg2, _ = train(target, str(shards), str(tmp_path / "g0"), _tc(steps=0, layers=2, init_from=str(hf)),
                            resume=False, log=lambda *a: None)
     assert cfg2.num_hidden_layers == 2
-    t1, l1 = _drafts(load_drafter(str(hf), target.info, log=io.StringIO())[0], target, tok)
-    t2, l2 = _drafts(grown, target, tok)
+    t1, l1, _ = _drafts(load_drafter(str(hf), target.info, log=io.StringIO())[0], target, tok)
+    t2, l2, _ = _drafts(grown, target, tok)
     assert t1 == t2
     np.testing.assert_allclose(l2, l1, atol=1e-4)
 

@@ -85,7 +85,7 @@ def heldout_tau(model, frozen: dict, store: str | Path, categories=CATEGORIES) -
         per_prompt = []  # (tokens made past the prefill's, steps) of each continuation
         for w in range(len(z["tokens"])):
             tokens, start, end = z["tokens"][w], int(z["start"][w]), int(z["end"][w])
-            hi = min(end, start + budget)
+            hi, steps0 = min(end, start + budget), steps
             n_acc = _accepted_lengths(model, frozen, tokens, taps_from_store(z["taps"][w]), start, hi, end)
             made, a = 1, start  # the prefill's token (at `start`) is the first anchor
             while made < budget and a + 1 < end:
@@ -99,7 +99,7 @@ def heldout_tau(model, frozen: dict, store: str | Path, categories=CATEGORIES) -
                 step = min(acc + 1, end - (a + 1), budget - made)  # stop after EOS / at max_tokens
                 made += step
                 a += step
-            per_prompt.append((made - 1, steps - sum(n for _, n in per_prompt)))
+            per_prompt.append((made - 1, steps - steps0))
             made_all += made - 1
         res[cat] = {"tau": made_all / steps if steps else 1.0, "tau_se": bootstrap_se(per_prompt),
                     "acceptance_rate": accepted / max(drafted, 1),
