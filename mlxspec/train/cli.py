@@ -8,13 +8,13 @@ from dataclasses import asdict
 from pathlib import Path
 
 from mlxspec.args import check_blas
-from mlxspec.cache import cache_dir, hub_repo_of
+from mlxspec.cache import cache_dir
 from mlxspec.errors import MlxspecError
 from mlxspec.evaluate import evaluate_drafter
 from mlxspec.targets.load import load_target
 from mlxspec.train.data import DEFAULT_SOURCES, prepare_generated_shards, prepare_shards
 from mlxspec.train.export import export_all
-from mlxspec.train.heldout import build_heldout
+from mlxspec.train.heldout import build_heldout, default_heldout_dir, target_name
 from mlxspec.train.regen import prepare_regen_store
 from mlxspec.train.trainer import TrainConfig, parse_data_mix, train
 from mlxspec.validate import MAX_BLOCK, check_float_arg, check_int_arg, check_output_dir, writing
@@ -202,8 +202,7 @@ def cmd_train(a) -> int:
             sources.setdefault(k, []).append(g)
         budget = {k: v for k, v in budget.items() if k in sources} or {k: 50_000 for k in sources}
 
-    repo = hub_repo_of(target.info.source)  # a hub snapshot's directory name is its commit hash
-    name = repo.replace("/", "--") if repo else Path(target.info.source).stem
+    name = target_name(target)
     mix = parse_data_mix(a.data) if a.data else None
     if a.online:
         from mlxspec.train.online import OnlineCorpus
@@ -255,7 +254,7 @@ def cmd_train(a) -> int:
         heldout_every=a.heldout_every, window_order="sequential" if a.online else (a.window_order or "random"),
     )
     if a.heldout_every:
-        tc.heldout = str(build_heldout(target, tok, taps, cache_dir() / "heldout" / f"{name}-t{'_'.join(map(str, taps))}"))
+        tc.heldout = str(build_heldout(target, tok, taps, default_heldout_dir(target, taps)))
     out = Path(a.out)
     t0 = time.time()
     with writing("--out", out):

@@ -28,6 +28,22 @@ from mlxspec.train.regen import generate_windows
 CATEGORIES = ("code", "prose", "chat")
 
 
+def target_name(target) -> str:
+    """The name a target's cached training files go under: its hub repo (a snapshot's directory
+    name is its commit hash) or its file's stem."""
+    from mlxspec.cache import hub_repo_of
+
+    repo = hub_repo_of(target.info.source)
+    return repo.replace("/", "--") if repo else Path(target.info.source).stem
+
+
+def default_heldout_dir(target, taps) -> Path:
+    """Where `mlxspec train --heldout-every` keeps the target's held-out answers for these taps."""
+    from mlxspec.cache import cache_dir
+
+    return cache_dir() / "heldout" / f"{target_name(target)}-t{'_'.join(map(str, taps))}"
+
+
 def build_heldout(target, tokenizer, taps, out: str | Path, n_per_category: int = 8, max_tokens: int = 64,
                   categories=CATEGORIES) -> Path:
     """The target's greedy continuations of the held-out prompts -> out/<category>.npz."""
