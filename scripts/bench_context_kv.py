@@ -7,7 +7,7 @@ Reports medians per step (this machine's 2 cores are shared, so medians, not mea
 import time, sys, io, statistics
 import mlx.core as mx, numpy as np
 from mlxspec.targets.load import load_target
-from mlxspec.api import load_speculator
+from mlxspec.api import SpecConfig, Speculator
 from mlxspec.engine.verify import SamplingParams
 from mlxspec.engine.drafting import BlockDrafter
 
@@ -34,7 +34,7 @@ class OldKV(BlockDrafter):  # the pre-fix accept: concatenate the whole context 
 
 
 target, tok = load_target()
-spec = load_speculator("mlxspec/weights/smollm2-135m-dspark", target, spec_type="auto", log=io.StringIO())
+spec = Speculator.build(SpecConfig(draft="mlxspec/weights/smollm2-135m-dspark", ngram=False), target, log=io.StringIO())
 new = spec.make_drafter(target)
 old = OldKV(new.model, target)
 H = target.info.hidden_size; T = len(new.taps)

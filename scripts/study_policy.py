@@ -33,12 +33,15 @@ def main():
 
     target, tok, _ = api.load(None, None)
     ds = str(api.shipped_drafter("dspark"))
+    def build(**kw):
+        return api.Speculator.build(api.SpecConfig(**kw), target)
+
     specs = {
-        "ngram, fixed 8": api.load_speculator(None, target, spec_type="ngram", policy="fixed"),
-        "ngram, adaptive": api.load_speculator(None, target, spec_type="ngram"),
-        "DSpark, fixed block": api.load_speculator(ds, target, policy="fixed"),
-        "DSpark, adaptive": api.load_speculator(ds, target),
-        "DSpark + ngram, adaptive": api.load_speculator(ds, target, ngram=True),
+        "ngram, fixed 8": build(draft=None, spec_type="ngram", policy="fixed"),
+        "ngram, adaptive": build(draft=None, spec_type="ngram"),
+        "DSpark, fixed block": build(draft=ds, ngram=False, policy="fixed"),
+        "DSpark, adaptive": build(draft=ds, ngram=False),
+        "DSpark + ngram, adaptive": build(draft=ds),
     }
     P = load_prompts()
     eos = set(tok.eos_token_ids)

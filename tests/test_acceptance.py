@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from mlxspec.api import load_speculator, shipped_drafter
+from mlxspec.api import SpecConfig, Speculator, shipped_drafter
 from mlxspec.engine.drafting import BlockDrafter
 from mlxspec.evaluate import run_prompts
 from mlxspec.prompts import encode_prompt, load_prompts
@@ -77,7 +77,7 @@ def _rate(st):
 @pytest.mark.parametrize("kind", ["dspark", "dflash"])
 def test_acceptance_floor_and_lossless(smollm2, prompts, autoregressive, kind):
     target, _ = smollm2
-    spec = load_speculator(_path(kind), target, log=io.StringIO())
+    spec = Speculator.build(SpecConfig(draft=_path(kind), ngram=False), target, log=io.StringIO())
     st, outs = _run(smollm2, prompts, spec.drafter_factory)
     assert st.acceptance_rate >= FLOOR[kind], (
         f"{kind} drafter {_rate(st)} is below the floor {FLOOR[kind]:.0%}: drafting works but the "
@@ -115,7 +115,7 @@ def test_wrong_spec_type_is_corrected(smollm2, prompts, kind, requested):
     layout are used, so acceptance stays at its normal level."""
     target, _ = smollm2
     log = io.StringIO()
-    spec = load_speculator(_path(kind), target, spec_type=requested, log=log)
+    spec = Speculator.build(SpecConfig(draft=_path(kind), spec_type=requested, ngram=False), target, log=log)
     text = log.getvalue()
     assert requested in text and kind in text and "warning" in text.lower(), text
     assert f"lineage={kind} sample_from_anchor=true" in text, text

@@ -34,7 +34,7 @@ PROMPTS = ["Hi", "Write a haiku about the sea.", "def fibonacci(n):\n    # retur
 @pytest.fixture(scope="module")
 def default(smollm2):
     target, tok = smollm2
-    spec = api.load_speculator(str(api.shipped_drafter()), target, ngram=True)
+    spec = api.Speculator.build(api.SpecConfig(draft=str(api.shipped_drafter())), target)
     ids = [tok.encode(apply_chat_template(tok, [{"role": "user", "content": p}], add_generation_prompt=True),
                       add_special_tokens=False) for p in PROMPTS]
     return target, spec, api._eos_ids(tok), ids
@@ -319,7 +319,7 @@ def test_budget_switching_between_drafting_and_autoregressive_steps_keeps_output
     solo output and every drafter's context stays aligned (the batch checks it every step)."""
     target, _, eos, ids = default
     # the fixed policy drafts whatever the cap allows (an adaptive one may have learned not to)
-    spec = api.load_speculator(str(api.shipped_drafter()), target, ngram=True, policy="fixed")
+    spec = api.Speculator.build(api.SpecConfig(draft=str(api.shipped_drafter()), policy="fixed"), target)
     budget = VerifyBudget({L: 1 / (0.01 * L) for L in range(1, 10)}, max_drafts=8, probe_every=10**6)
     caps = iter([0, 0, 0, 2, 0, 0, 1, 0, 0, 0, 3] * 10)
     budget.cap = lambda limits: next(caps)

@@ -103,7 +103,7 @@ def test_trainer_target_head_dequantizes_a_quantized_target(tmp_path):
 @pytest.fixture(scope="module")
 def dspark(smollm2):
     target, _ = smollm2
-    spec = api.load_speculator(SHIPPED_DSPARK, target, spec_type="auto", log=io.StringIO())
+    spec = api.Speculator.build(api.SpecConfig(draft=SHIPPED_DSPARK, ngram=False), target, log=io.StringIO())
     return target, spec
 
 

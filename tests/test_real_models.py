@@ -24,7 +24,7 @@ from pathlib import Path
 import mlx.core as mx
 import pytest
 
-from mlxspec.api import load_speculator
+from mlxspec.api import SpecConfig, Speculator
 from mlxspec.engine.loop import SpecStats, generate_steps
 from mlxspec.engine.ngram import NgramDrafter
 from mlxspec.evaluate import run_prompts
@@ -111,7 +111,7 @@ def test_gemma_shipped_dspark_drafter_is_lossless_and_accepted(gemma):
     mlxspec/weights/README.md): identical tokens to autoregressive on held-out prompts and
     on the 620-token prompt past the sliding window, with acceptance above the floor."""
     target, tok = gemma
-    spec = load_speculator(str(GEMMA_DRAFTER), target, spec_type="auto", log=io.StringIO())
+    spec = Speculator.build(SpecConfig(draft=str(GEMMA_DRAFTER), ngram=False), target, log=io.StringIO())
     p = load_prompts()
     prompts = [encode_prompt(tok, "code", t) for t in p["code"][:4]] + [encode_prompt(tok, "prose", t) for t in p["prose"][:2]]
     _, ar = run_prompts(target, tok, None, prompts, 48)

@@ -279,7 +279,7 @@ def test_api_takes_an_mlx_lm_model_and_tokenizer_straight(tmp_path, arch):
     model, tok = mlx_lm.load(tdir)
     prompt = [1, 5, 9, 2, 7, 3, 8]  # ids: transformers swaps in Qwen3.5's own tokenizer class for the toy one
     want = mlx_lm.generate(model, tok, prompt, max_tokens=12)
-    spec = api.load_speculator(ddir, model, spec_type="draft-simple", num_draft_tokens=3)
+    spec = api.Speculator.build(api.SpecConfig(draft=ddir, spec_type="draft-simple", num_draft_tokens=3, ngram=False), model)
     got = api.generate(model, tok, prompt, spec, max_tokens=12)
     assert got == want and want
 

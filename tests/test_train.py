@@ -432,3 +432,20 @@ def test_heldout_tau_se_resamples_the_prompts():
     se = bootstrap_se(spread)
     assert se == bootstrap_se(spread) and 0.3 < se < 0.4  # ~0.5 / sqrt(2) for two equal-weight prompts
     assert bootstrap_se([(20, 20), (30, 20)]) < se
+
+
+def test_paired_difference_removes_what_the_prompts_share():
+    """Two drafters on the same prompts: a constant lead has no spread however unequal the
+    prompts are (the unpaired SE of either is large); a lead on one prompt only is uncertain;
+    prompts of different stores are refused in one line."""
+    from mlxspec.train.heldout import bootstrap_se, paired_difference
+
+    b = [(20, 20), (60, 20), (30, 20)]  # tau 1, 3, 1.5: prompts far apart
+    a = [(22, 20), (62, 20), (32, 20)]  # +0.1 on every prompt
+    pd = paired_difference(a, b)
+    assert abs(pd["diff"] - 0.1) < 1e-12 and pd["se"] < 1e-12 and pd["p_ahead"] == 1.0
+    assert bootstrap_se(a) > 0.3  # what an unpaired comparison would have to beat
+    one = paired_difference([(26, 20), (60, 20), (30, 20)], b)  # +0.3 on the first prompt only
+    assert abs(one["diff"] - 0.1) < 1e-12 and one["se"] > 0.05 and 0.5 < one["p_ahead"] < 0.75
+    with pytest.raises(ValueError, match="2 prompts against 3"):
+        paired_difference(a[:2], b)

@@ -84,7 +84,8 @@ def _accepted_lengths(model, frozen, tokens: np.ndarray, taps: mx.array, lo: int
 
 
 def heldout_tau(model, frozen: dict, store: str | Path, categories=CATEGORIES) -> dict:
-    """{category: {tau, acceptance_rate, accepted, drafted, per_position_acceptance}} from the
+    """{category: {tau, tau_se, per_prompt, acceptance_rate, accepted, drafted,
+    per_position_acceptance}} from the
     replayed greedy decode of each held-out continuation (module docstring), counted as
     `engine.loop.SpecStats` counts. frozen = {"embed": target embeddings [V, H], "head": the
     head's rows at the draft ids, "d_ids": the draft ids (numpy)}."""
@@ -118,6 +119,7 @@ def heldout_tau(model, frozen: dict, store: str | Path, categories=CATEGORIES) -
             per_prompt.append((made - 1, steps - steps0))
             made_all += made - 1
         res[cat] = {"tau": made_all / steps if steps else 1.0, "tau_se": bootstrap_se(per_prompt),
+                    "per_prompt": per_prompt,
                     "acceptance_rate": accepted / max(drafted, 1),
                     "accepted": accepted, "drafted": drafted,
                     "per_position_acceptance": (hits / np.maximum(tries, 1)).tolist(),
@@ -134,6 +136,23 @@ def bootstrap_se(per_prompt: list, n: int = 2000, seed: int = 0) -> float:
     made, steps = (np.asarray(x, np.float64) for x in zip(*per_prompt))
     idx = np.random.default_rng(seed).integers(0, len(made), (n, len(made)))
     return float(np.std(made[idx].sum(1) / np.maximum(steps[idx].sum(1), 1)))
+
+
+def paired_difference(a: list, b: list, n: int = 2000, seed: int = 0) -> dict:
+    """tau(a) - tau(b) for two drafters replayed on the same prompts (per_prompt lists of
+    (made, steps) in the same order), with its standard error and the share of bootstrap draws
+    in which a is ahead, resampling the prompts jointly. The pairing removes what the prompts
+    share (an easy prompt is easy for both), so it tells drafters apart far below the
+    unpaired `tau_se`."""
+    if len(a) != len(b):
+        raise ValueError(f"paired_difference: {len(a)} prompts against {len(b)}; both must be replayed on one store")
+    (ma, sa), (mb, sb) = ((np.asarray(x, np.float64) for x in zip(*p)) for p in (a, b))
+    diff = ma.sum() / max(sa.sum(), 1) - mb.sum() / max(sb.sum(), 1)
+    if len(a) < 2:
+        return {"diff": float(diff), "se": 0.0, "p_ahead": float(diff > 0)}
+    idx = np.random.default_rng(seed).integers(0, len(a), (n, len(a)))
+    d = ma[idx].sum(1) / np.maximum(sa[idx].sum(1), 1) - mb[idx].sum(1) / np.maximum(sb[idx].sum(1), 1)
+    return {"diff": float(diff), "se": float(np.std(d)), "p_ahead": float(np.mean(d > 0))}
 
 
 def frozen_for(target, model) -> dict:

@@ -458,7 +458,7 @@ def train(
         ho = heldout_tau(model, frozen, tc.heldout)
         history.append({"step": step_done, "supervised_blocks": prior_blocks + blocks,
                         "distinct_tokens": prior_distinct + batcher.distinct_tokens, "elapsed_s": el,
-                        "heldout": {c: {"tau": r["tau"], "tau_se": r["tau_se"],
+                        "heldout": {c: {"tau": r["tau"], "tau_se": r["tau_se"], "per_prompt": r["per_prompt"],
                                         "row1": r["per_position_acceptance"][0],
                                         "acceptance": r["acceptance_rate"]} for c, r in ho.items()}})
         bar.write(f"step {step_done}: held-out tau " + ", ".join(f"{c} {r['tau']:.3f}" for c, r in ho.items()))
