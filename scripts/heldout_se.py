@@ -55,9 +55,7 @@ def run(a) -> None:
         label = label or path
         m, cfg = load_drafter(path, target.info, log=io.StringIO())
         taps = cfg.target_layer_ids
-        d = default_heldout_dir(target, taps)
-        if (a.prompts, a.max_tokens) != (8, 64):
-            d = d.with_name(f"{d.name}-n{a.prompts}-m{a.max_tokens}")
+        d = default_heldout_dir(target, taps, a.prompts, a.max_tokens)
         store = build_heldout(target, tok, taps, d, n_per_category=a.prompts, max_tokens=a.max_tokens)
         r = heldout_tau(m, frozen_for(target, m), store)
         row = {c: {"tau": v["tau"], "tau_se": v["tau_se"], "prompts": v["prompts"]} for c, v in r.items()}

@@ -153,6 +153,10 @@ def test_train_flags_with_defaults_pass_the_check():
     check_train_args(p.parse_args(["train", "--out", "x", "--tokens", "code=100,prose=5"]))
     with pytest.raises(MlxspecError, match="--tokens"):
         check_train_args(p.parse_args(["train", "--out", "x", "--tokens", "code"]))
+    with pytest.raises(MlxspecError, match=r"--heldout-prompts 17 is out of range: pass an integer .*16"):
+        check_train_args(p.parse_args(["train", "--out", "x", "--heldout-prompts", "17"]))
+    with pytest.raises(MlxspecError, match="--heldout-tokens 0 is out of range"):
+        check_train_args(p.parse_args(["train", "--out", "x", "--heldout-tokens", "0"]))
 
 
 def test_default_taps_spread_over_the_target_layers():
@@ -449,3 +453,17 @@ def test_paired_difference_removes_what_the_prompts_share():
     assert abs(one["diff"] - 0.1) < 1e-12 and one["se"] > 0.05 and 0.5 < one["p_ahead"] < 0.75
     with pytest.raises(ValueError, match="2 prompts against 3"):
         paired_difference(a[:2], b)
+
+
+def test_heldout_store_per_prompt_count_and_length():
+    """The held-out store's path: the original name for the default 8 x 64 (every earlier
+    history was measured on it), its own for a wider set, so the two never mix."""
+    from types import SimpleNamespace
+
+    from mlxspec.train.heldout import default_heldout_dir
+
+    t = SimpleNamespace(info=SimpleNamespace(source="/m/SmolLM2-135M-Instruct.Q4_1.gguf"))
+    d = default_heldout_dir(t, [1, 8, 15, 22, 28])
+    assert d.name == "SmolLM2-135M-Instruct.Q4_1-t1_8_15_22_28" and d.parent.name == "heldout"
+    assert default_heldout_dir(t, [1, 8, 15, 22, 28], 8, 64) == d
+    assert default_heldout_dir(t, [1, 8, 15, 22, 28], 16, 128).name == "SmolLM2-135M-Instruct.Q4_1-t1_8_15_22_28-n16-m128"

@@ -94,6 +94,10 @@ def add_train_args(p):
     p.add_argument("--heldout-every", type=int, default=0,
                    help="every N steps, held-out tau from the target's greedy answers to the held-out prompts "
                         "(train.heldout: equals the engine's full-block evaluation, ~15 s), into the report's history")
+    p.add_argument("--heldout-prompts", type=int, default=8,
+                   help="held-out prompts per category for --heldout-every (default 8; up to 16 code, 16 prose, 8 chat "
+                        "exist: more prompts, a smaller standard error, and a history not comparable with 8)")
+    p.add_argument("--heldout-tokens", type=int, default=64, help="tokens per held-out answer (default 64)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
@@ -143,6 +147,8 @@ def check_train_args(a) -> None:
         check_int_arg("--prefix-len", a.prefix_len, 1, a.seq_len - 1)
     check_int_arg("--regen-windows", a.regen_windows, 1)
     check_int_arg("--heldout-every", a.heldout_every, 0)
+    check_int_arg("--heldout-prompts", a.heldout_prompts, 1, 16)
+    check_int_arg("--heldout-tokens", a.heldout_tokens, 1)
     if a.lineage == "dflash2" and a.layout == "anchor-first":
         raise MlxspecError("--lineage dflash2 --layout anchor-first: DFlash 2 files are bonus-anchor (z-lab's layout, "
                            "the only one its readers know); drop --layout")
@@ -254,7 +260,9 @@ def cmd_train(a) -> int:
         heldout_every=a.heldout_every, window_order="sequential" if a.online else (a.window_order or "random"),
     )
     if a.heldout_every:
-        tc.heldout = str(build_heldout(target, tok, taps, default_heldout_dir(target, taps)))
+        n, m = a.heldout_prompts, a.heldout_tokens
+        tc.heldout = str(build_heldout(target, tok, taps, default_heldout_dir(target, taps, n, m), n_per_category=n,
+                                       max_tokens=m))
     out = Path(a.out)
     t0 = time.time()
     with writing("--out", out):

@@ -37,11 +37,15 @@ def target_name(target) -> str:
     return repo.replace("/", "--") if repo else Path(target.info.source).stem
 
 
-def default_heldout_dir(target, taps) -> Path:
-    """Where `mlxspec train --heldout-every` keeps the target's held-out answers for these taps."""
+def default_heldout_dir(target, taps, n_per_category: int = 8, max_tokens: int = 64) -> Path:
+    """Where `mlxspec train --heldout-every` keeps the target's held-out answers for these taps
+    (a store per prompt count and answer length; the default 8 x 64 keeps its original name)."""
     from mlxspec.cache import cache_dir
 
-    return cache_dir() / "heldout" / f"{target_name(target)}-t{'_'.join(map(str, taps))}"
+    name = f"{target_name(target)}-t{'_'.join(map(str, taps))}"
+    if (n_per_category, max_tokens) != (8, 64):
+        name += f"-n{n_per_category}-m{max_tokens}"
+    return cache_dir() / "heldout" / name
 
 
 def build_heldout(target, tokenizer, taps, out: str | Path, n_per_category: int = 8, max_tokens: int = 64,
