@@ -7,15 +7,19 @@ assert acceptance itself.
 
 Floors: on HELD-OUT prompts (the first 4 code and 2 prose prompts of mlxspec/data/prompts.json,
 cut from files of the held-out split the drafters never trained on), 48 tokens each, full
-blocks. Measured with exactly these runs (2026-11-30, drafters trained on 1.2M tokens):
-  dspark 4.5% (70/1550) tau 1.33;  dflash 4.3% (67/1572) tau 1.31;
-  dflash read with the wrong (bonus-anchor) layout 1.5% (25/1661) tau 1.10.
+blocks. Measured with exactly these runs (2026-12-02: dspark trained on 1.2M corpus tokens;
+dflash the same, then continued densely on the target's own answers, issue 22):
+  dspark 4.5% (70/1550) tau 1.33;  dflash 4.1% (65/1584) tau 1.30
+  (the dflash before its continuation: 4.3% (67/1572) tau 1.31 on these 6 prompts; on all 40
+  held-out prompts at 128 tokens it gains +0.016 code and +0.028 chat tau, paired:
+  docs/bench/heldout-wide-dflash.json);
+  dflash read with the wrong (bonus-anchor) layout 1.5% (25/1661) tau 1.10 (the earlier dflash).
 The floor (3.0%) sits at about 0.7x the measured rate and 2x the collapse.
 
 The collapse itself is shown on 6 corpus prefixes from the TRAINING split
-(tests/data/acceptance_prompts.json), where the gap is widest: dflash 8.6% (107/1244),
-dspark 10.9% (124/1140); the wrong layout 1.9% (30/1599). Ceiling 3.0%: half the floor of a
-correct read there, 1.6x the measured collapse. The greedy runs are deterministic, so the
+(tests/data/acceptance_prompts.json), where the gap is widest: dflash 8.1% (103/1275) read
+right, 1.9% (31/1593) with the wrong layout (the earlier dflash: 8.6% and 1.9%); dspark 10.9%
+(124/1140). Ceiling 3.0%: half the floor of a correct read there, 1.6x the measured collapse. The greedy runs are deterministic, so the
 margins are not sampling noise.
 """
 
