@@ -41,17 +41,23 @@ def log_fit(xs, ys, goal: float) -> dict:
             "budget_range": [float(10 ** x.min()), float(10 ** x.max())]}
 
 
+def measured(p: dict, cat: str) -> bool:
+    """The point has a held-out tau for this category (earlier points lack chat, stored as NaN)."""
+    return np.isfinite(p["heldout"].get(cat, {}).get("tau", np.nan))
+
+
 def fits(data: dict, goals: dict, recent_from: float) -> dict:
+    """{budget key: {category: {goal, "whole curve": fit, "latest segments": fit | None}}}; the
+    latest segments are the points from `recent_from` supervised blocks on."""
     out = {}
     for key in ("supervised_blocks", "distinct_tokens"):
         out[key] = {}
         for cat, goal in goals.items():
-            kept = [p for run in data.values() for p in run
-                    if p[key] > 0 and np.isfinite(p["heldout"].get(cat, {}).get("tau", np.nan) or np.nan)]
+            kept = [p for run in data.values() for p in run if p[key] > 0 and measured(p, cat)]
             pts = [(p[key], p["heldout"][cat]["tau"]) for p in kept]
             recent = [(p[key], p["heldout"][cat]["tau"]) for p in kept if p["supervised_blocks"] >= recent_from]
-            out[key][cat] = {"goal": goal, "whole curve": log_fit(*zip(*pts), goal),
-                             f"from {recent_from:.0f} blocks": log_fit(*zip(*recent), goal) if recent else None}
+            out[key][cat] = {"goal": goal, "latest_from_blocks": recent_from, "whole curve": log_fit(*zip(*pts), goal),
+                             "latest segments": log_fit(*zip(*recent), goal) if recent else None}
     return out
 
 
@@ -96,7 +102,7 @@ def main() -> None:
         for col, cat in enumerate(cats):
             ax = axes[row][col]
             for i, (lab, pts) in enumerate(data.items()):
-                pts = [p for p in pts if cat in p["heldout"]]
+                pts = [p for p in pts if measured(p, cat)]
                 ax.plot([p[key] for p in pts], [p["heldout"][cat]["tau"] for p in pts], "-o", markersize=3,
                         color=colors[i % len(colors)], label=lab)
             if cat in goals:
@@ -105,8 +111,8 @@ def main() -> None:
                 ax.annotate(f"goal {goals[cat]}", (0.02, goals[cat]), xycoords=("axes fraction", "data"),
                             va="bottom", fontsize=8)
                 notes = []
-                for style, fit_name, fit in (("--", "whole curve", f["whole curve"]),
-                                         ("-.", "latest segments", f[f"from {a.recent_from:.0f} blocks"])):
+                for style, fit_name in (("--", "whole curve"), ("-.", "latest segments")):
+                    fit = f[fit_name]
                     if not fit or fit["slope_per_10x"] is None:
                         continue
                     if style == "-." and fit["points"] == f["whole curve"]["points"]:

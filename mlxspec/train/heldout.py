@@ -131,15 +131,23 @@ def heldout_tau(model, frozen: dict, store: str | Path, categories=CATEGORIES) -
     return res
 
 
+def _resampled_tau(per_prompt: list, idx: np.ndarray) -> np.ndarray:
+    """tau (sum made / sum steps) of each resampled prompt set idx [draws, prompts]."""
+    made, steps = (np.asarray(x, np.float64) for x in zip(*per_prompt))
+    return made[idx].sum(1) / np.maximum(steps[idx].sum(1), 1)
+
+
+def _draws(n_prompts: int, n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, n_prompts, (n, n_prompts))
+
+
 def bootstrap_se(per_prompt: list, n: int = 2000, seed: int = 0) -> float:
     """The standard error of tau (sum made / sum steps) over the prompts, by resampling the
     prompts (fixed seed): how far apart two drafters' held-out tau must be before the
     prompt set can tell them apart."""
     if len(per_prompt) < 2:
         return 0.0
-    made, steps = (np.asarray(x, np.float64) for x in zip(*per_prompt))
-    idx = np.random.default_rng(seed).integers(0, len(made), (n, len(made)))
-    return float(np.std(made[idx].sum(1) / np.maximum(steps[idx].sum(1), 1)))
+    return float(np.std(_resampled_tau(per_prompt, _draws(len(per_prompt), n, seed))))
 
 
 def paired_difference(a: list, b: list, n: int = 2000, seed: int = 0) -> dict:
@@ -150,13 +158,13 @@ def paired_difference(a: list, b: list, n: int = 2000, seed: int = 0) -> dict:
     unpaired `tau_se`."""
     if len(a) != len(b):
         raise ValueError(f"paired_difference: {len(a)} prompts against {len(b)}; both must be replayed on one store")
-    (ma, sa), (mb, sb) = ((np.asarray(x, np.float64) for x in zip(*p)) for p in (a, b))
-    diff = ma.sum() / max(sa.sum(), 1) - mb.sum() / max(sb.sum(), 1)
+    whole = np.arange(len(a))[None]
+    diff = float((_resampled_tau(a, whole) - _resampled_tau(b, whole))[0])
     if len(a) < 2:
-        return {"diff": float(diff), "se": 0.0, "p_ahead": float(diff > 0)}
-    idx = np.random.default_rng(seed).integers(0, len(a), (n, len(a)))
-    d = ma[idx].sum(1) / np.maximum(sa[idx].sum(1), 1) - mb[idx].sum(1) / np.maximum(sb[idx].sum(1), 1)
-    return {"diff": float(diff), "se": float(np.std(d)), "p_ahead": float(np.mean(d > 0))}
+        return {"diff": diff, "se": 0.0, "p_ahead": float(diff > 0)}
+    idx = _draws(len(a), n, seed)
+    d = _resampled_tau(a, idx) - _resampled_tau(b, idx)
+    return {"diff": diff, "se": float(np.std(d)), "p_ahead": float(np.mean(d > 0))}
 
 
 def frozen_for(target, model) -> dict:
