@@ -25,15 +25,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("drafters", nargs="+", help="LABEL=PATH (a drafter export: HF directory or .gguf); the first is the baseline")
     ap.add_argument("--prompts", type=int, default=8, help="held-out prompts per category (at most 16 code, 16 prose, 8 chat)")
-    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--max-tokens", type=int, default=64, help="tokens per held-out answer (1-1024)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     for spec in a.drafters:
         path = spec.rpartition("=")[2]
         if not Path(path).exists():
             ap.error(f"{spec}: no drafter export at {path} (pass LABEL=PATH with an HF directory or a .gguf file)")
-    if not 1 <= a.prompts <= 16 or a.max_tokens < 1:
-        ap.error(f"--prompts {a.prompts} --max-tokens {a.max_tokens}: prompts must be 1-16, max tokens at least 1")
+    if not 1 <= a.prompts <= 16 or not 1 <= a.max_tokens <= 1024:
+        ap.error(f"--prompts {a.prompts} --max-tokens {a.max_tokens}: prompts must be 1-16, max tokens 1-1024")
 
     from mlxspec.errors import MlxspecError
     try:

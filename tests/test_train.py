@@ -157,6 +157,8 @@ def test_train_flags_with_defaults_pass_the_check():
         check_train_args(p.parse_args(["train", "--out", "x", "--heldout-prompts", "17"]))
     with pytest.raises(MlxspecError, match="--heldout-tokens 0 is out of range"):
         check_train_args(p.parse_args(["train", "--out", "x", "--heldout-tokens", "0"]))
+    with pytest.raises(MlxspecError, match="--heldout-tokens 100000 is out of range: pass an integer .*1024"):
+        check_train_args(p.parse_args(["train", "--out", "x", "--heldout-tokens", "100000"]))
 
 
 def test_default_taps_spread_over_the_target_layers():

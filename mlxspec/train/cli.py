@@ -97,7 +97,7 @@ def add_train_args(p):
     p.add_argument("--heldout-prompts", type=int, default=8,
                    help="held-out prompts per category for --heldout-every (default 8; up to 16 code, 16 prose, 8 chat "
                         "exist: more prompts, a smaller standard error, and a history not comparable with 8)")
-    p.add_argument("--heldout-tokens", type=int, default=64, help="tokens per held-out answer (default 64)")
+    p.add_argument("--heldout-tokens", type=int, default=64, help="tokens per held-out answer (default 64, at most 1024)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--seed", type=int, default=0)
@@ -148,7 +148,7 @@ def check_train_args(a) -> None:
     check_int_arg("--regen-windows", a.regen_windows, 1)
     check_int_arg("--heldout-every", a.heldout_every, 0)
     check_int_arg("--heldout-prompts", a.heldout_prompts, 1, 16)
-    check_int_arg("--heldout-tokens", a.heldout_tokens, 1)
+    check_int_arg("--heldout-tokens", a.heldout_tokens, 1, 1024)  # each answer is generated whole, with taps
     if a.lineage == "dflash2" and a.layout == "anchor-first":
         raise MlxspecError("--lineage dflash2 --layout anchor-first: DFlash 2 files are bonus-anchor (z-lab's layout, "
                            "the only one its readers know); drop --layout")
