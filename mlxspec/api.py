@@ -22,6 +22,7 @@ import mlx.core as mx
 from mlxspec.drafters.load import load_drafter
 from mlxspec.drafters.registry import describe, identify, lookup
 from mlxspec.engine.drafting import BlockDrafter, NoDrafter, SimpleDrafter
+from mlxspec.engine.eagle3 import Eagle3Drafter
 from mlxspec.engine.loop import SpecStats, generate_steps
 from mlxspec.engine.ngram import LookupBlockDrafter, NgramDrafter
 from mlxspec.engine.policy import FixedLength, LengthPolicy, PolicyMemory, VerifyPolicy, compose
@@ -33,7 +34,7 @@ from mlxspec.targets.load import load_target
 from mlxspec.targets.model import Target
 from mlxspec.validate import check_prompt_ids, check_sampling_args, check_spec_args, check_text
 
-SPEC_TYPES = ("auto", "draft-dflash", "draft-dspark", "draft-dflash2", "draft-simple", "ngram", "none")
+SPEC_TYPES = ("auto", "draft-dflash", "draft-dspark", "draft-dflash2", "draft-eagle3", "draft-simple", "ngram", "none")
 VERIFY_POLICIES = ("adaptive", "fixed")
 SHIPPED = Path(__file__).parent / "weights"
 
@@ -239,6 +240,8 @@ def _build(sc: SpecConfig, draft: str | None, spec_type: str, target: Target, lo
                           description=f"draft-simple {Path(draft).name} n={n}", policy=policy)
 
     dmodel, cfg = load_drafter(draft, target.info, requested=spec_type, log=log)
+    if cfg.lineage == "eagle3":
+        return _build_eagle3(sc, dmodel, cfg, draft, policy, log)
     if num_draft_tokens is not None:
         say(f"mlxspec: warning: --num-draft-tokens applies to draft-simple and ngram; the {cfg.lineage} "
             "block drafter ignores it (use --block-size to shorten its block)", log, logging.WARNING)
@@ -261,6 +264,23 @@ def _build(sc: SpecConfig, draft: str | None, spec_type: str, target: Target, lo
                           description=f"{cfg.lineage}+ngram {Path(draft).name} block={bs}", policy=policy)
     return Speculator(drafter_factory=lambda t: BlockDrafter(dmodel, t, bs), spec_type=f"draft-{cfg.lineage}", p_min=p_min, schedule=schedule, num_draft_tokens=None,
                       description=f"{cfg.lineage} {Path(draft).name} block={bs}", policy=policy)
+
+
+def _build_eagle3(sc: SpecConfig, dmodel, cfg, draft: str, policy: str, log) -> Speculator:
+    """A chain drafter: --num-draft-tokens (or --block-size, as drafts + 1) caps the chain."""
+    n = sc.num_draft_tokens or (sc.block_size - 1 if sc.block_size else None) or cfg.max_drafts
+    if n < 1:
+        raise MlxspecError("--block-size 1 leaves no drafts for an EAGLE-3 chain; use 2 or more")
+    if sc.p_min is not None or sc.schedule:
+        say(f"mlxspec: warning: {Path(draft).name} has no confidence head; --p-min / --schedule are ignored",
+            log, logging.WARNING)
+
+    def make(t):
+        d = Eagle3Drafter(dmodel, cfg, t, n)
+        return LookupBlockDrafter(d, t.info.vocab_size) if sc.ngram else d
+    kind = "draft-eagle3+ngram" if sc.ngram else "draft-eagle3"
+    return Speculator(drafter_factory=make, spec_type=kind, p_min=None, schedule=False, num_draft_tokens=n,
+                      description=f"eagle3{'+ngram' if sc.ngram else ''} {Path(draft).name} chain={n}", policy=policy)
 
 
 def as_target(model) -> Target:

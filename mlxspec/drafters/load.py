@@ -14,14 +14,16 @@ from __future__ import annotations
 import logging
 import math
 import os
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import mlx.core as mx
 import numpy as np
 
 from mlxspec.drafters.common import OPTIONAL_ZERO, RawDrafter, expected_shapes
 from mlxspec.drafters.config import DrafterConfig, Layout
+from mlxspec.drafters.eagle3 import Eagle3Config, Eagle3Model, default_taps
 from mlxspec.drafters.formats import FORMATS, read_drafter
+from mlxspec.drafters.formats.eagle3 import RawEagle3
 from mlxspec.drafters.build import make_model
 from mlxspec.drafters.model import DFlashModel
 from mlxspec.errors import MlxspecError
@@ -30,7 +32,7 @@ from mlxspec.logger import say
 from mlxspec.targets.model import TargetInfo
 from mlxspec.validate import MAX_BLOCK, check_finite_weights, check_output_dir, check_output_file, writing
 
-REQUESTED = ("auto", "draft-dflash", "draft-dspark", "draft-dflash2")
+REQUESTED = ("auto", "draft-dflash", "draft-dspark", "draft-dflash2", "draft-eagle3")
 
 
 # ----------------------------------------------------------------------------- layout
@@ -269,6 +271,8 @@ def load_drafter(path, target_info: TargetInfo | None = None, requested: str = "
         raise MlxspecError(f"unknown drafter type {requested!r}; use one of: {', '.join(REQUESTED)}")
     path = resolve(str(path), "drafter")  # a Hugging Face repo id -> its local snapshot, like mlx_lm
     raw = read_drafter(path, None if target_info is None else target_info.vocab_size)
+    if isinstance(raw, RawEagle3):
+        return load_eagle3(raw, target_info, requested, log)
     spec = raw.spec
     layout_fmt = raw.fmt
     if raw.fmt == "speculators":
@@ -304,3 +308,80 @@ def save_drafter(model: DFlashModel, cfg: DrafterConfig, path, fmt: str, target=
     with writing("drafter output", path):  # no space left, read-only, ...: one line
         os.makedirs((os.path.dirname(path) or ".") if gguf_file else path, exist_ok=True)
         FORMATS[fmt].write(model, cfg, path, target=target, **options)
+
+
+# ----------------------------------------------------------------------------- EAGLE-3
+
+def eagle3_taps(cfg: Eagle3Config, info: TargetInfo | None, path: str) -> tuple[Eagle3Config, str]:
+    """Resolve and check the taps of an EAGLE-3 file against the target -> (config, where from).
+
+    A file without tap ids gets the default computed from the TARGET's depth (never from the
+    drafter's). Taps past the target, on its last layer, a fused width that is not
+    n_taps x the target's hidden size, or a vocabulary that differs: one line each."""
+    if info is None:
+        if not cfg.target_layer_ids:
+            raise MlxspecError(f"{path}: the EAGLE-3 file names no tap ids; its default taps depend on the target's "
+                               "depth: load it with a target")
+        return cfg, "file"
+    tgt, n = info.source or "the target", info.num_layers
+    taps, source = cfg.target_layer_ids, f"file ({cfg.tap_convention} ids)"
+    if not taps:
+        taps, source = tuple(default_taps(n)), f"default for a {n}-layer target (inputs of layers 2, N//2, N-3)"
+        cfg = replace(cfg, target_layer_ids=taps)
+    if len(taps) != cfg.n_taps:
+        raise MlxspecError(f"{path}: fc.weight fuses {cfg.n_taps} taps but {len(taps)} tap ids apply; {FIX_E3}")
+    for k in taps:
+        if k >= n - 1 or k < 0:
+            shown = _file_id(cfg, k)
+            raise MlxspecError(
+                f"{path}: tap {shown} ({cfg.tap_convention} convention) is the output of layer {k}, but {tgt} has "
+                f"{n} layers (taps 0..{n - 2}, the last layer excluded): the drafter was made for a deeper target; "
+                "use the drafter trained for this target")
+    if cfg.target_hidden_size != info.hidden_size:
+        raise MlxspecError(f"{path}: drafter target_hidden_size {cfg.target_hidden_size} (fc takes {cfg.n_taps} x "
+                           f"{cfg.target_hidden_size}) does not match {tgt} hidden size {info.hidden_size}; use the "
+                           "drafter trained for this target")
+    if cfg.vocab_size != info.vocab_size:
+        raise MlxspecError(f"{path}: drafter vocabulary {cfg.vocab_size} does not match {tgt} vocabulary "
+                           f"{info.vocab_size}; use the drafter trained for this target's tokenizer")
+    return cfg, source
+
+
+FIX_E3 = "fix the drafter's config.json or download the drafter again"
+
+
+def _file_id(cfg: Eagle3Config, k: int) -> int:
+    return k + 1 if cfg.tap_convention == "speculators" else k
+
+
+def eagle3_init_line(cfg: Eagle3Config, taps_from: str) -> str:
+    ids = ",".join(str(t) for t in cfg.file_layer_ids) if cfg.file_layer_ids else "none"
+    return (f"mlxspec: drafter lineage=eagle3 taps={','.join(str(t) for t in cfg.target_layer_ids)} (output of layer) "
+            f"file_ids={ids} ({cfg.tap_convention}) taps_from={taps_from} layers={cfg.num_hidden_layers} "
+            f"draft_vocab={cfg.draft_vocab_size}/{cfg.vocab_size} max_drafts={cfg.max_drafts} "
+            f"norm_before_residual={'true' if cfg.norm_before_residual else 'false'} format={cfg.source_format}")
+
+
+def load_eagle3(raw: RawEagle3, info: TargetInfo | None, requested: str = "auto", log=None):
+    """-> (Eagle3Model, Eagle3Config): taps resolved against the target, strict weights."""
+    cfg, taps_from = eagle3_taps(raw.cfg, info, raw.path)
+    cfg = replace(cfg, extra={**cfg.extra, "taps_from": taps_from})
+    check_finite_weights({k: v for k, v in raw.weights.items() if k != "d2t"}, raw.path)
+    d2t = raw.weights.get("d2t")
+    if d2t is not None:
+        ids = np.arange(d2t.shape[0]) + np.asarray(d2t).astype(np.int64).reshape(-1)
+        if ids.size and (ids.min() < 0 or ids.max() >= cfg.vocab_size):
+            raise MlxspecError(f"{raw.path}: d2t maps draft ids to target ids {int(ids.min())}..{int(ids.max())}, "
+                               f"outside the vocabulary [0, {cfg.vocab_size}); the drafter weights are corrupt")
+    if cfg.num_attention_heads % cfg.num_key_value_heads:
+        raise MlxspecError(f"{raw.path}: {cfg.num_attention_heads} attention heads are not a multiple of "
+                           f"{cfg.num_key_value_heads} key/value heads; the drafter config is corrupt")
+    model = Eagle3Model(cfg)
+    model.load_weights(list(raw.weights.items()), strict=True)
+    mx.eval(model.parameters())
+    if requested not in ("auto", "draft-eagle3"):
+        say(f"mlxspec: warning: requested {requested} but {raw.path} is an EAGLE-3 drafter (fc over "
+            f"{cfg.n_taps} taps, {cfg.num_hidden_layers} chain layer(s)); using draft-eagle3 from the file: a block "
+            "drafter's path would find no block layout in it", log, logging.WARNING)
+    say(eagle3_init_line(cfg, taps_from), log)
+    return model, cfg

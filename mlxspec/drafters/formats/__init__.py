@@ -4,6 +4,7 @@ A format is recognised from its header, the parsed config.json of a Hugging Face
 directory or the parsed GGUF file, by exactly one `detect`; `read(path, header,
 target_vocab)` returns a `RawDrafter` (no layout: `load.resolve_layout` decides it);
 `write(model, cfg, path, target=None, **options)` refuses what the format cannot hold.
+EAGLE-3 formats return a `formats.eagle3.RawEagle3` instead (taps, vocabulary maps, no layout).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from mlxspec.drafters.common import RawDrafter
-from mlxspec.drafters.formats import deepspec, gguf, hf, speculators, zlab
+from mlxspec.drafters.formats import deepspec, eagle3, gguf, hf, speculators, zlab
 from mlxspec.errors import MlxspecError
 from mlxspec.gguf.file import read_gguf
 from mlxspec.validate import require_regular_file
@@ -31,6 +32,10 @@ FORMATS = {
     "zlab": DrafterFormat("dir", zlab.detect, zlab.read, zlab.write),
     "deepspec": DrafterFormat("dir", deepspec.detect, deepspec.read, deepspec.write),
     "speculators": DrafterFormat("dir", speculators.detect, speculators.read, speculators.write),
+    # EAGLE-3 chain drafters (`mlxspec.drafters.eagle3`): their readers return a RawEagle3
+    "speculators-eagle3": DrafterFormat("dir", eagle3.detect_speculators, eagle3.read_speculators,
+                                        eagle3.write_speculators),
+    "specforge": DrafterFormat("dir", eagle3.detect_specforge, eagle3.read_specforge, eagle3.write_specforge),
     "gguf": DrafterFormat("gguf", gguf.detect_dflash, gguf.read_gguf_drafter, gguf.write_dflash),
     "gguf-dspark-legacy": DrafterFormat("gguf", gguf.detect_legacy, gguf.read_gguf_drafter, gguf.write_legacy),
 }

@@ -39,9 +39,11 @@ def detect(config: dict, path: str) -> bool:
                                "\"dflash\" or \"dflash2\"")
         return False
     kind = config["speculators_model_type"]
+    if kind == "eagle3":  # a chain drafter: formats/eagle3.py reads it
+        return False
     if kind not in ("dspark", "dflash", "dflash2"):
-        raise MlxspecError(f"{path}: speculators_model_type {kind!r} is not a block drafter (dspark, dflash or "
-                           "dflash2)")
+        raise MlxspecError(f"{path}: speculators_model_type {kind!r} is not a drafter mlxspec reads (dspark, "
+                           "dflash, dflash2 or eagle3)")
     return True
 
 

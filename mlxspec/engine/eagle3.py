@@ -1,0 +1,140 @@
+"""The EAGLE-3 drafting runtime: a chain drafter behind the `Drafter` protocol.
+
+Pairing (the references: speculators, SGLang, mlx-vlm): drafter row i pairs the target's taps
+at position i with the token x_{i+1} that follows. `begin` and `accept` hand over committed
+tokens and their taps; the last tap waits for its next token, which is the anchor of the next
+`draft`. `draft(anchor, n)` first runs the pairs not yet in the drafter's cache (committed:
+they stay), whose last output gives draft 1; each further draft k+1 runs one row from the
+drafter's own output of step k and the token just drafted, at the next position. Those chain
+rows are tentative: the cache is truncated back to the committed pairs before `draft` returns,
+so it only ever holds committed pairs.
+
+Greedy chains are built lazily (argmax -> d2t -> embedding never leaves the graph) and
+evaluated once; sampled chains draw each token from the drafter's own distribution (draft
+vocabulary, scattered to the target's for verification), so rejection sampling stays lossless.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from mlxspec.drafters.eagle3 import Eagle3Config, Eagle3Model, KVCache, causal_mask
+from mlxspec.engine.drafting import DraftOutput
+from mlxspec.engine.verify import SamplingParams, probs_from_logits, sample_token
+from mlxspec.targets.load import default_dense
+from mlxspec.targets.model import Target, target_head_rows
+
+
+class Eagle3Drafter:
+    proposes_model_drafts, has_lookup = True, False
+    chain = True  # drafting cost grows with the number of drafts (one drafter forward each)
+
+    def __init__(self, model: Eagle3Model, cfg: Eagle3Config, target: Target, max_drafts: int | None = None,
+                 dtype=None):
+        if dtype is None and default_dense():
+            dtype = mx.float32  # CPU: float16 matmuls are several times slower than float32 BLAS
+        if dtype is not None:
+            model.apply(lambda a: a.astype(dtype) if mx.issubdtype(a.dtype, mx.floating) else a)
+            mx.eval(model.parameters())
+        self.model, self.cfg, self.target = model, cfg, target
+        self.name = "eagle3"
+        self.taps = tuple(cfg.target_layer_ids)
+        self.max_drafts = int(max_drafts or cfg.max_drafts)
+        self.d2t = (mx.arange(cfg.draft_vocab_size, dtype=mx.int32) + model.d2t.astype(mx.int32)
+                    if cfg.reduced_vocab else None)
+        self.head = model.lm_head.weight if cfg.has_lm_head else target_head_rows(target, self.d2t)
+        self.embed = model.embed_tokens if cfg.has_embed else target.embed
+        mx.eval(self.head)
+        self.reset()
+
+    def reset(self):
+        self.cache = [KVCache() for _ in self.model.layers]
+        self._taps: list = []  # committed taps not in the cache yet, positions committed..
+        self._next: list[int] = []  # their next tokens (one fewer: the last awaits the anchor)
+        self._last_h = None  # the drafter's output for the last committed pair
+        self._anchor_used = False  # draft() already paired the last tap with this step's anchor
+
+    @property
+    def committed(self) -> int:
+        """Pairs in the drafter's cache (= target positions 0..committed-1)."""
+        return self.cache[0].length
+
+    def begin(self, prompt_ids, prompt_taps):
+        self.reset()
+        n = 0 if prompt_taps is None else int(prompt_taps.shape[1])
+        ids = [int(t) for t in prompt_ids]
+        self._taps = [prompt_taps] if n else []
+        self._next = ids[len(ids) - n + 1:] if n else []  # taps of a tail only: pair that tail
+
+    def accept(self, tokens, taps):
+        tokens = [int(t) for t in tokens]
+        self._next += tokens[1:] if self._anchor_used else tokens
+        self._anchor_used = False
+        if taps is not None and taps.shape[1]:
+            self._taps.append(taps)
+
+    # -- drafting -------------------------------------------------------------------
+    def _step(self, emb: mx.array, hidden: mx.array) -> mx.array:
+        """Rows [1, L, H] at the next positions, appended to the cache -> pre-norm outputs."""
+        p, n = self.committed, emb.shape[1]
+        pos = mx.arange(p, p + n)
+        return self.model(emb, hidden, pos, self.cache, causal_mask(n, p + n))
+
+    def _commit(self, anchor: int) -> None:
+        """Run the pending pairs (the last one paired with the anchor) into the cache."""
+        if self._anchor_used or not self._taps:
+            return
+        taps = self._taps[0] if len(self._taps) == 1 else mx.concatenate(self._taps, axis=1)
+        nxt = self._next + [int(anchor)]
+        if len(nxt) != taps.shape[1]:
+            raise AssertionError(f"eagle3 drafter: {taps.shape[1]} pending taps but {len(nxt)} next tokens")
+        dt = self.model.fc.weight.dtype
+        hidden = self.model.fuse(taps.astype(dt))
+        emb = self.embed(mx.array([nxt])).astype(dt)
+        h = self._step(emb, hidden)
+        self._last_h = h[:, -1:]
+        self._taps, self._next, self._anchor_used = [], [], True
+
+    def logits(self, h: mx.array) -> mx.array:
+        """Pre-norm outputs [.., H] -> draft-vocabulary logits (float32)."""
+        return (self.model.norm(h) @ self.head.T).astype(mx.float32)
+
+    def to_target(self, ids: mx.array) -> mx.array:
+        return ids if self.d2t is None else self.d2t[ids]
+
+    def draft(self, anchor: int, n: int, sp: SamplingParams, rng: np.random.Generator) -> DraftOutput:
+        n = min(n, self.max_drafts)
+        self._commit(anchor)
+        if n <= 0 or self._last_h is None:
+            return DraftOutput([], None, None)
+        base = self.committed
+        h = self._last_h
+        toks, zs, qs = [], [], []
+        for k in range(n):
+            z = self.logits(h)[0]  # [1, Vd]
+            zs.append(z)
+            if sp.greedy:
+                d = mx.argmax(z, axis=-1)
+            else:
+                q = probs_from_logits(z, sp)
+                d = mx.array([sample_token(np.asarray(q[0]), rng)])
+                qs.append(q)
+            t = self.to_target(d)
+            toks.append(t)
+            if k < n - 1:
+                h = self._step(self.embed(t[None]).astype(h.dtype), self.model.feedback(h))
+        for c in self.cache:
+            c.truncate(base)
+        tok_arr, z_all = mx.concatenate(toks), mx.concatenate(zs)
+        mx.eval(tok_arr, z_all)
+        probs = self._scatter(mx.concatenate(qs)) if qs else None
+        return DraftOutput(tok_arr.tolist(), probs, None, z_all)
+
+    def _scatter(self, q_d: mx.array) -> mx.array:
+        """Draft-vocabulary distributions [n, Vd] -> target vocabulary [n, V]."""
+        if self.d2t is None:
+            return q_d
+        out = mx.zeros((q_d.shape[0], self.target.info.vocab_size), dtype=q_d.dtype)
+        out[:, self.d2t] = q_d
+        return out
