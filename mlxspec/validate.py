@@ -316,9 +316,15 @@ def writing(flag: str, path):
     try:
         yield
     except OSError as e:
+        if e.errno == errno.ENOMEM:  # mmap or a buffer the kernel would not give: memory, not the disk
+            raise MlxspecError(out_of_memory(f"{flag} {path}")) from None
         raise MlxspecError(_write_error(flag, path, e.errno, e.strerror, e.filename)) from None
+    except MemoryError:
+        raise MlxspecError(out_of_memory(f"{flag} {path}")) from None
     except RuntimeError as e:
         msg = str(e)
+        if msg.startswith("[malloc") or "Unable to allocate" in msg:  # MLX's allocator
+            raise MlxspecError(out_of_memory(f"{flag} {path}")) from None
         if not msg.startswith(("[write]", "[save", "[open]")) and "Failed to open file" not in msg:
             raise
         base = _nearest_existing(Path(os.fspath(path)))
@@ -329,6 +335,13 @@ def writing(flag: str, path):
         code = (errno.ENOSPC if full else errno.EROFS if _read_only(base)
                 else errno.EACCES if not os.access(base, os.W_OK) else None)
         raise MlxspecError(_write_error(flag, path, code, msg.strip(), None)) from None
+
+
+def out_of_memory(what: str) -> str:
+    """The line for memory exhaustion while producing `what` (ENOMEM, MemoryError): the process
+    ran out of memory (or hit its address-space limit), which no change of path or disk fixes."""
+    return (f"{what}: out of memory (the process could not allocate more; not a disk problem); free memory, "
+            "raise the process's memory limit (ulimit -v) or lower the sizes of the run")
 
 
 def _write_error(flag: str, path, code, strerror, filename) -> str:

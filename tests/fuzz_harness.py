@@ -946,11 +946,40 @@ def api_cases(fx: Fixtures) -> list[Case]:
     return cases
 
 
+def regression_cases(fx: Fixtures) -> list[Case]:
+    """Defects a larger campaign found (issue 39), always run: a GGUF whose general.alignment
+    is 1 (it read every tensor from a shifted offset and ended in "non-finite logits"), train
+    --taps on the target's final layer (it ran on until the memory cap), and train itself on the
+    tiny target's 272-token vocabulary (its top-k search crashed on fewer than 8 x 64 tokens)."""
+    T = fx.target
+    cases = []
+    for align_key, writer in ((1, None), (1, 1), (4, 4)):
+        def build(d, k=align_key, w=writer):
+            p = os.path.join(d, "t.gguf")
+            write_gguf_file(p, "llama", fx.md + [("general.alignment", U32, k, None)], fx.tensors, w)
+            return {"@T": p}
+        cases.append(Case(f"tgt-alignment-{align_key}-written-{writer or 32}", "gguf-target",
+                          f"general.alignment = {align_key}, data padded to {writer or 32}", fx.base_argv(model="@T"),
+                          expect="error", mention="general.alignment", build=build))
+
+    def dirs(d):
+        return {"@OUT": os.path.join(d, "run"), "@DATA": os.path.join(d, "data")}
+    cases.append(Case("train-taps-final-layer", "flags", "train --taps 0,1 on a 2-layer target (1 is the final layer)",
+                      ["train", "--model", T, "--out", "@OUT", "--data", "@DATA", "--taps", "0,1"], expect="error",
+                      mention="last layer", build=dirs))
+    cases.append(Case("train-tiny-vocab-prepare", "flags", "train --prepare-only on the 272-token vocabulary",
+                      ["train", "--model", T, "--out", "@OUT", "--data", "@DATA", "--prepare-only", "--corpus",
+                       "fortunes=/usr/share/games/fortunes/*", "--tokens", "fortunes=64", "--seq-len", "16"],
+                      expect="ok", build=dirs))
+    return cases
+
+
 def all_cases(fx: Fixtures, n: int, seed: int) -> list[Case]:
     rng = np.random.default_rng(seed)
     types = gguf_type_cases(fx)
     always = [c for c in types if c.id.startswith("dg-type-d2t-") or c.id.endswith("-I32")]  # ids; float bits as ints
     fixed = flag_cases(fx) + api_cases(fx) + always + text_cases(fx, rng) + output_cases(fx) + message_cases(fx)
+    fixed += regression_cases(fx)
     pool = gguf_target_cases(fx, rng) + hf_drafter_cases(fx, rng) + hf_target_cases(fx, rng)
     pool += [c for c in types if c not in always]
     pool += gguf_drafter_cases(fx, rng)

@@ -151,6 +151,29 @@ def test_gguf_metadata_is_typed_and_ranged(fx, tmp_path):
         assert msg in str(e.value) and str(p) in str(e.value)
 
 
+@pytest.mark.parametrize("key,written", [(1, None), (1, 1), (4, 4), (24, None), (0, None)])
+def test_gguf_alignment_below_8_or_not_a_power_of_two_is_refused(fx, tmp_path, key, written):
+    """general.alignment 1 (issue 39: a power of two, so it passed, and every tensor was read
+    from a shifted offset until the logits were NaN), or any value not a power of two from 8 up
+    (the GGUF spec: a multiple of 8), is one line naming the key and the fix where the file is
+    read: exit 2 from the CLI, whether the data were padded to that alignment or not."""
+    p = tmp_path / "t.gguf"
+    fh.write_gguf_file(p, "llama", fx.md + [("general.alignment", fh.U32, key, None)], fx.tensors, written)
+    rc, out, err = cli(fx.base_argv(model=str(p)))
+    assert one_error(rc, err) == (f"{p}: general.alignment is {key}, expected a power of two from 8 up (a multiple of "
+                                  "8, as the GGUF spec requires; 32 when absent); the file is corrupt or was written "
+                                  "wrongly: download it again, or rewrite it with general.alignment 32")
+    assert out == ""
+
+
+def test_gguf_alignment_8_reads_the_same_model(fx, tmp_path):
+    p = tmp_path / "t.gguf"
+    fh.write_gguf_file(p, "llama", fx.md + [("general.alignment", fh.U32, 8, None)], fx.tensors, 8)
+    rc, out, err = cli(fx.base_argv(model=str(p)))
+    rc0, out0, _ = cli(fx.base_argv())
+    assert rc == rc0 == 0 and out == out0, err
+
+
 def _drafter_copy(fx, tmp_path, config=None, tensors=None):
     import shutil
 
@@ -250,7 +273,7 @@ def test_train_resumes_only_matching_settings(tmp_path):
     check_out_dir(out, TrainConfig(lineage="dflash"), resume=False, force=True)
 
 
-def test_cache_refuses_a_truncated_default_model(tmp_path, monkeypatch):
+def test_cache_refuses_a_truncated_default_model(tmp_path, monkeypatch, smollm2_path):
     from mlxspec import cache
 
     monkeypatch.setenv("MLXSPEC_CACHE", str(tmp_path))
@@ -262,16 +285,8 @@ def test_cache_refuses_a_truncated_default_model(tmp_path, monkeypatch):
         cache.default_model_path(download=False)
     assert str(e.value) == (f"{out}: the cached default model is incomplete or corrupt (sha256 mismatch); run "
                             "`mlxspec generate` once with network access to download it again")
-    real = None
-    try:
-        monkeypatch.delenv("MLXSPEC_CACHE")
-        real = cache.default_model_path(download=False)
-    except MlxspecError:
-        pytest.skip("the default model is not cached here")
-    finally:
-        monkeypatch.setenv("MLXSPEC_CACHE", str(tmp_path))
     out.unlink()
-    out.symlink_to(real)
+    out.symlink_to(smollm2_path)  # the session's copy (never the user's own cache: tests/conftest.py)
     assert cache.default_model_path(download=False) == out
     marker = out.with_name(out.name + ".ok")
     assert marker.read_text().endswith(cache.DEFAULT_MODEL_SHA256)

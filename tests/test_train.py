@@ -164,34 +164,88 @@ def test_train_flags_with_defaults_pass_the_check():
 def test_default_taps_spread_over_the_target_layers():
     """Without --taps the drafter reads five layers spread from layer 1 to the
     third-to-last: SmolLM2's shipped taps for its 30 layers, 1,5,9,13,16 for Gemma-3-270M;
-    every tap exists and none repeats, also on tiny targets."""
-    from mlxspec.train.cli import default_taps
+    every tap exists, none repeats and none is the final layer (which the drafter loader
+    refuses), also on tiny targets; a 1-layer target has none to tap."""
+    from mlxspec.train.cli import check_taps, default_taps
 
     assert default_taps(30) == [1, 8, 15, 22, 28]
     assert default_taps(18) == [1, 5, 9, 13, 16]
     assert default_taps(24) == [1, 7, 12, 17, 22]
-    for n in range(1, 80):
+    assert default_taps(2) == [0] and default_taps(1) == []
+    with pytest.raises(MlxspecError) as e:
+        check_taps(default_taps(1), 1)
+    assert str(e.value) == ("the target has 1 layer: drafters tap intermediate layers and it has none; train for a "
+                            "target with at least 2 layers")
+    for n in range(2, 80):
         taps = default_taps(n)
-        assert taps == sorted(set(taps)) and taps[0] >= 0 and taps[-1] < n, (n, taps)
+        assert taps == sorted(set(taps)) and taps[0] >= 0 and taps[-1] < n - 1, (n, taps)
+        check_taps(taps, n)
         if n >= 10:
             assert len(taps) == 5 and taps[0] == 1 and taps[-1] == n - 2, (n, taps)
 
 
-def test_taps_beyond_the_target_are_refused_in_one_line(tmp_path):
-    """--taps naming a layer the target does not have is one line with exit code 2, before
-    any data is prepared."""
-    import os
-    import subprocess
-    import sys
+@pytest.mark.parametrize("taps,msg", [
+    ("1,8,40", "--taps 1,8,40: layer 40 is outside the target, which has 30 layers (valid taps 0..28); pass layer "
+               "numbers below 29"),
+    ("1,8,15,22,29", "--taps 1,8,15,22,29: layer 29 is the last layer of the target (30 layers); drafters tap "
+                     "intermediate layers, not the final one (the drafter loader refuses such a drafter); pass "
+                     "layer numbers below 29"),
+])
+def test_taps_the_drafter_loader_refuses_are_refused_at_entry(smollm2_path, tmp_path, capsys, taps, msg):
+    """--taps naming a layer the target does not have, or its final layer (issue 39: that one
+    ran on until the memory cap), is one line with exit code 2, before any data is prepared."""
+    from mlxspec.cli import main
 
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run([sys.executable, "-m", "mlxspec.cli", "train", "--out", str(tmp_path / "o"), "--taps", "1,8,40",
-                        "--data", str(tmp_path / "d")], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert lines[-1] == ("mlxspec: error: --taps 1,8,40: the target has 30 layers (0..29); "
-                         "pass layer numbers below that"), r.stderr
+    rc = main(["train", "--model", str(smollm2_path), "--out", str(tmp_path / "o"), "--taps", taps,
+               "--data", str(tmp_path / "d")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1] == f"mlxspec: error: {msg}", err
     assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("V", [1, 3, 8, 9, 64, 261, 272, 512, 513, 520, 4096])
+def test_next_token_topk_is_the_exact_top_k_for_any_vocabulary(V):
+    """The two-level search equals a plain full top-k over the vocabulary, also for
+    vocabularies of fewer than TOPK chunks (issue 39: 272 tokens crashed argpartition) or
+    fewer than TOPK tokens (the missing places are token 0 at probability 0)."""
+    from mlxspec.train.data import TOPK, next_token_topk
+
+    rng = np.random.default_rng(V)
+    logits = rng.standard_normal((2, 3, V)).astype(np.float32) * 4
+    ids, pk = next_token_topk(mx.array(logits))
+    ids, pk = np.asarray(ids), np.asarray(pk)
+    k = min(TOPK, V)
+    want = np.argsort(-logits, axis=-1)[..., :k]
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    assert ids.shape == pk.shape == (2, 3, TOPK) and ids.dtype == np.int32
+    np.testing.assert_array_equal(ids[..., :k], want)
+    np.testing.assert_allclose(pk[..., :k], np.take_along_axis(p, want, -1), rtol=1e-5, atol=1e-7)
+    assert (ids[..., k:] == 0).all() and (pk[..., k:] == 0).all()
+
+
+def test_train_prepares_a_store_on_a_tiny_vocabulary_target(tmp_path, capsys):
+    """`mlxspec train` on a target with a vocabulary of 272 tokens (under 8 chunks of 64: the
+    fuzz suite's tiny target; issue 39 crashed here): the store's top-k is the full top-k of the
+    target's own logits at every position."""
+    import conftest
+
+    from mlxspec.cli import main
+    from mlxspec.targets.load import load_target
+
+    model = tmp_path / "tiny.gguf"
+    conftest.write_tiny_model(model)
+    d = tmp_path / "d"
+    assert main(["train", "--model", str(model), "--prepare-only", "--data", str(d), "--out", str(tmp_path / "o"),
+                 "--corpus", "fortunes=/usr/share/games/fortunes/*", "--tokens", "fortunes=64", "--seq-len",
+                 "16"]) == 0, capsys.readouterr().err
+    z = load_shards(str(d))
+    assert json.loads((d / "meta.json").read_text())["taps"] == [0]  # every layer but the last
+    target, _ = load_target(str(model))
+    logits = np.asarray(target(mx.array(np.asarray(z["tokens"])), target.make_cache(), logits="all")[0])
+    assert logits.shape[-1] == 272
+    want = np.argsort(-logits, axis=-1)[..., :8]
+    np.testing.assert_array_equal(np.asarray(z["topk_ids"]), want)
 
 
 def test_dense_training_forward_equals_the_inference_forward():
@@ -272,13 +326,56 @@ def test_train_flags_that_do_not_apply_are_not_checked():
 
     p = build_parser()
     for mode in ("corpus", "regen"):
-        check_train_args(p.parse_args(["train", "--out", "x", "--data-mode", mode, "--seq-len", "64"]))
+        check_train_args(p.parse_args(["train", "--out", "x", "--data-mode", mode, "--seq-len", "2"]))
     a = p.parse_args(["train", "--out", "x", "--data-mode", "generated", "--seq-len", "64"])
     check_train_args(a)
     assert a.prefix_len == 16
-    with pytest.raises(MlxspecError, match="--prefix-len 64 is out of range"):
-        check_train_args(p.parse_args(["train", "--out", "x", "--data-mode", "generated", "--seq-len", "64",
-                                       "--prefix-len", "64"]))
+
+
+@pytest.mark.parametrize("mode", ["corpus", "regen", "generated", "online"])
+def test_prefix_len_is_checked_in_every_data_mode(tmp_path, capsys, mode):
+    """--prefix-len given: out of range is one line in every data mode (issue 39: `train
+    --prefix-len 0` in corpus mode went on to prepare data), and outside --data-mode generated,
+    where no window has a corpus prefix, it is refused as not applying; exit 2, before any
+    target is loaded."""
+    from mlxspec.cli import main
+
+    mode_args = ["--online"] if mode == "online" else ["--data-mode", mode]
+    base = ["train", "--model", str(tmp_path / "absent.gguf"), "--out", str(tmp_path / "o"), "--seq-len", "64",
+            *mode_args]
+    for v, msg in [("0", "--prefix-len 0 is out of range: pass an integer in [1, 63]"),
+                   ("64", "--prefix-len 64 is out of range: pass an integer in [1, 63]")]:
+        assert main([*base, "--prefix-len", v]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == [f"mlxspec: error: {msg}"], err
+    rc = main([*base, "--prefix-len", "16"])
+    err = capsys.readouterr().err.strip().splitlines()
+    if mode == "generated":  # it applies: the run goes on to the missing model
+        assert rc == 2 and "absent.gguf" in err[-1], err
+    else:
+        shown = "online corpus" if mode == "online" else mode
+        assert rc == 2 and err == [f"mlxspec: error: --prefix-len 16 applies to --data-mode generated only ({shown} "
+                                   "windows have no corpus prefix); drop --prefix-len or pass --data-mode generated"], err
+    assert not (tmp_path / "o").exists()
+
+
+def test_memory_exhaustion_while_writing_is_not_a_disk_error(tmp_path):
+    """An ENOMEM (a memory map the address-space limit refuses: issue 39's `train --taps ...29`
+    under the fuzz memory cap), a MemoryError or MLX's allocator failing inside `writing` is
+    reported as memory exhaustion, not "cannot write ...; check the path and the disk"."""
+    import errno
+
+    from mlxspec.validate import writing
+
+    want = (f"--data {tmp_path}: out of memory (the process could not allocate more; not a disk problem); free "
+            "memory, raise the process's memory limit (ulimit -v) or lower the sizes of the run")
+    for exc in (OSError(errno.ENOMEM, "Cannot allocate memory"), MemoryError(),
+                RuntimeError("[malloc] Unable to allocate 1073741824 bytes.")):
+        with pytest.raises(MlxspecError) as e, writing("--data", tmp_path):
+            raise exc
+        assert str(e.value) == want
+    with pytest.raises(MlxspecError, match="no space left on the device"), writing("--data", tmp_path):
+        raise OSError(errno.ENOSPC, "No space left on device")
 
 
 @pytest.mark.parametrize("where", ["notadir", "/dev/null/x"])

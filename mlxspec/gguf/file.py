@@ -148,9 +148,12 @@ def read_gguf(path: str | os.PathLike) -> GGUFFile:
         off = cur.scalar(10)
         raw_infos.append((name, t, tuple(reversed(ne)), off))
     align = metadata.get("general.alignment", 32)
-    if not is_power_of_two(align) or align > 1 << 30:
-        raise MlxspecError(f"{path}: general.alignment is {align!r}, expected a power of two; "
-                           "the file is corrupt, download it again")
+    # the GGUF spec: a multiple of 8; llama.cpp: a power of two. Below 8 (1 passed the power-of-two
+    # check alone) every tensor was read from a shifted offset and the model gave NaN logits.
+    if not is_power_of_two(align) or align < 8 or align > 1 << 30:
+        raise MlxspecError(f"{path}: general.alignment is {align!r}, expected a power of two from 8 up (a multiple "
+                           "of 8, as the GGUF spec requires; 32 when absent); the file is corrupt or was written "
+                           "wrongly: download it again, or rewrite it with general.alignment 32")
     data_start = (cur.pos + align - 1) // align * align
     tensors = validate_tensor_table(path, raw_infos, data_start, align, size)
     return GGUFFile(path, version, metadata, tensors, mm)

@@ -110,11 +110,31 @@ def add_train_args(p):
 
 def default_taps(num_layers: int, n: int = 5) -> list[int]:
     """n target layers spread evenly from layer 1 to layer num_layers - 2 (rounded up): early,
-    middle and late features, leaving the last layer, which mostly shapes the logits."""
+    middle and late features, leaving the last layer, which mostly shapes the logits (and which
+    the drafter loader refuses as a tap). Targets of at most n layers: every layer but the last."""
     if num_layers <= n:
-        return list(range(num_layers))
+        return list(range(num_layers - 1))
     span = num_layers - 3
     return sorted({1 + -(-i * span // (n - 1)) for i in range(n)})
+
+
+def check_taps(taps: list[int], n_layers: int) -> None:
+    """The drafter loader's rule (`mlxspec.drafters.load.validate_against_target`), at entry:
+    every tap an intermediate layer of the target, 0..n_layers - 2. A drafter trained on the
+    final layer's output would be refused when it is loaded."""
+    shown = f"--taps {','.join(map(str, taps))}"
+    if not taps:  # only the default of a 1-layer target
+        raise MlxspecError(f"the target has {n_layers} layer: drafters tap intermediate layers and it has none; "
+                           "train for a target with at least 2 layers")
+    last = n_layers - 1
+    for k in taps:
+        if k > last:
+            raise MlxspecError(f"{shown}: layer {k} is outside the target, which has {n_layers} layers (valid taps "
+                               f"0..{last - 1}); pass layer numbers below {last}")
+    if last in taps:
+        raise MlxspecError(f"{shown}: layer {last} is the last layer of the target ({n_layers} layers); drafters tap "
+                           "intermediate layers, not the final one (the drafter loader refuses such a drafter); "
+                           f"pass layer numbers below {last}")
 
 
 def _parse_kv(s: str) -> dict:
@@ -141,10 +161,15 @@ def check_train_args(a) -> None:
     check_int_arg("--markov-rank", a.markov_rank, 0, 1 << 16)
     check_int_arg("--draft-vocab", a.draft_vocab, 0)
     check_int_arg("--seq-len", a.seq_len, 2)
-    if a.data_mode == "generated":  # only generated windows have a prefix
+    # --prefix-len: range-checked in every mode it is given in; it applies to generated windows only
+    check_int_arg("--prefix-len", a.prefix_len, 1, a.seq_len - 1, allow_none=True)
+    if a.data_mode == "generated":
         if a.prefix_len is None:
             a.prefix_len = max(1, a.seq_len // 4)
-        check_int_arg("--prefix-len", a.prefix_len, 1, a.seq_len - 1)
+    elif a.prefix_len is not None:
+        mode = "online corpus" if a.online else a.data_mode
+        raise MlxspecError(f"--prefix-len {a.prefix_len} applies to --data-mode generated only ({mode} windows have "
+                           "no corpus prefix); drop --prefix-len or pass --data-mode generated")
     check_int_arg("--regen-windows", a.regen_windows, 1)
     check_int_arg("--heldout-every", a.heldout_every, 0)
     check_int_arg("--heldout-prompts", a.heldout_prompts, 1, 16)
@@ -194,9 +219,7 @@ def cmd_train(a) -> int:
     target, tok = load_target(a.model)
     n_layers = target.info.num_layers
     taps = default_taps(n_layers) if a.taps is None else [int(x) for x in a.taps.split(",")]
-    if max(taps) >= n_layers:
-        raise MlxspecError(f"--taps {','.join(map(str, taps))}: the target has {n_layers} layers (0..{n_layers - 1}); "
-                           "pass layer numbers below that")
+    check_taps(taps, n_layers)
     budget = _parse_kv(a.tokens or DEFAULT_TOKENS)
     sources = None
     if a.corpus:

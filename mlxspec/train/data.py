@@ -47,24 +47,35 @@ def next_token_topk(logits: mx.array, chunk: int = 64) -> tuple[mx.array, mx.arr
     Two-level search: the TOPK largest logits lie in the TOPK vocabulary chunks with the
     largest maxima, so one max-reduction over the logits plus a search among
     TOPK * chunk candidates replaces a softmax and an argpartition over the whole
-    vocabulary (those two cost more than half the forward on CPU). Probabilities are
-    exact: exp(logit - logsumexp) over the full vocabulary."""
+    vocabulary (those two cost more than half the forward on CPU). A vocabulary of at most
+    TOPK chunks is searched whole; one of fewer than TOPK tokens fills the missing places with
+    token 0 at probability 0. Probabilities are exact: exp(logit - logsumexp) over the full
+    vocabulary."""
     logits = logits.astype(mx.float32)
     *lead, V = logits.shape
-    pad = (-V) % chunk
-    x = logits if not pad else mx.concatenate(
-        [logits, mx.full((*lead, pad), -mx.inf, dtype=mx.float32)], axis=-1)
-    xc = x.reshape(*lead, -1, chunk)
-    top_chunks = mx.argpartition(-mx.max(xc, axis=-1), TOPK, axis=-1)[..., :TOPK]  # [..., K]
-    cand = mx.take_along_axis(xc, top_chunks[..., None], axis=-2)  # [..., K, chunk]
-    cand_ids = (top_chunks[..., None] * chunk + mx.arange(chunk)).reshape(*lead, TOPK * chunk)
-    cand = cand.reshape(*lead, TOPK * chunk)
-    best = mx.argpartition(-cand, TOPK, axis=-1)[..., :TOPK]
+    if V <= 0:
+        raise MlxspecError("the target's logits have an empty vocabulary axis; the model's output head is broken")
+    k = min(TOPK, V)
+    if -(-V // chunk) > TOPK:  # more chunks than TOPK: search the TOPK best chunks only
+        pad = (-V) % chunk
+        x = logits if not pad else mx.concatenate(
+            [logits, mx.full((*lead, pad), -mx.inf, dtype=mx.float32)], axis=-1)
+        xc = x.reshape(*lead, -1, chunk)
+        top_chunks = mx.argpartition(-mx.max(xc, axis=-1), TOPK - 1, axis=-1)[..., :TOPK]  # [..., K]
+        cand = mx.take_along_axis(xc, top_chunks[..., None], axis=-2).reshape(*lead, TOPK * chunk)
+        cand_ids = (top_chunks[..., None] * chunk + mx.arange(chunk)).reshape(*lead, TOPK * chunk)
+    else:  # a small vocabulary: every token is a candidate
+        cand, cand_ids = logits, mx.broadcast_to(mx.arange(V), logits.shape)
+    best = mx.argpartition(-cand, k - 1, axis=-1)[..., :k]
     vals = mx.take_along_axis(cand, best, axis=-1)
     ids = mx.take_along_axis(cand_ids, best, axis=-1)
     pk = mx.exp(vals - mx.logsumexp(logits, axis=-1, keepdims=True))
     order = mx.argsort(-pk, axis=-1)
-    return mx.take_along_axis(ids, order, axis=-1).astype(mx.int32), mx.take_along_axis(pk, order, axis=-1)
+    ids, pk = mx.take_along_axis(ids, order, axis=-1).astype(mx.int32), mx.take_along_axis(pk, order, axis=-1)
+    if k < TOPK:  # the store's arrays are TOPK wide
+        ids = mx.concatenate([ids, mx.zeros((*lead, TOPK - k), dtype=mx.int32)], axis=-1)
+        pk = mx.concatenate([pk, mx.zeros((*lead, TOPK - k), dtype=pk.dtype)], axis=-1)
+    return ids, pk
 
 
 STREAM_ARRAYS = ("tokens", "category", "taps", "topk_ids", "topk_probs")
@@ -301,6 +312,9 @@ def prepare_generated_shards(
 
     Shard layout as `prepare_shards`, plus start [N] int32.
     """
+    if not (isinstance(prefix_len, int) and isinstance(gen_len, int) and prefix_len >= 1 and gen_len >= 1):
+        raise MlxspecError(f"generated windows need a corpus prefix and a continuation of at least 1 token each "
+                           f"(prefix_len {prefix_len!r}, gen_len {gen_len!r}); pass --prefix-len below --seq-len")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tokens_per_category = tokens_per_category or DEFAULT_BUDGET
