@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # Run the test suite with the fast BLAS preloaded (Linux) and no model-hub access.
+# The first command on a fresh clone too: without a working .venv it runs scripts/setup.sh first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if ! .venv/bin/python -c "import mlxspec, pytest" >/dev/null 2>&1; then
+  echo "test: no working .venv (mlxspec and pytest not importable); running scripts/setup.sh first" >&2
+  scripts/setup.sh
+fi
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 lib=$(.venv/bin/python -m mlxspec.blas || true)
 if [[ -n "$lib" ]]; then export LD_PRELOAD="$lib${LD_PRELOAD:+ $LD_PRELOAD}"; fi

@@ -176,3 +176,60 @@ def test_slug_is_githubs():
 def test_markdown_links_resolve():
     bad = [b for md in markdown_files() for b in broken_links(md)]
     assert not bad, "relative links that do not resolve:\n" + "\n".join(bad)
+
+
+# ----------------------------------------------------------------------------- the README's two commands
+
+def readme_commands() -> list[str]:
+    """The commands of the README's "Install and test" block, comments stripped."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Install and test", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```bash\n(.*?)```", section, re.S).group(1)
+    return [ln.split("#", 1)[0].strip() for ln in block.splitlines() if ln.split("#", 1)[0].strip()]
+
+
+def test_the_readme_gives_two_commands_each_runnable_first():
+    """The README's install-and-test block is the set-up and the tests, in that order, and both
+    are executable scripts of the repository (issue 39: each works as the first command on a
+    fresh clone; `test_test_sh_sets_up_a_missing_or_broken_venv` checks the second)."""
+    assert readme_commands() == ["scripts/setup.sh", "scripts/test.sh"]
+    for cmd in readme_commands():
+        p = ROOT / cmd
+        assert p.is_file() and p.stat().st_mode & 0o111, cmd
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert ci.index("scripts/setup.sh") < ci.index("scripts/test.sh")
+
+
+@pytest.mark.parametrize("venv", ["absent", "broken", "working"])
+def test_test_sh_sets_up_a_missing_or_broken_venv(tmp_path, venv):
+    """scripts/test.sh on a clone without a working .venv runs scripts/setup.sh first, then
+    pytest in the .venv it made; with a working one it goes straight to pytest. Run on a copy
+    of test.sh beside a stand-in setup.sh (which records the call and makes a .venv whose
+    python is this interpreter), so the real set-up is never re-run here."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "test.sh", tmp_path / "scripts" / "test.sh")
+    shim = f"#!/bin/sh\nexec {sys.executable} \"$@\"\n"
+    setup = ("#!/bin/sh\nset -e\necho setup >> calls\nmkdir -p .venv/bin\n"
+             f"printf '%s' '{shim}' > .venv/bin/python\nchmod +x .venv/bin/python\n")
+    (tmp_path / "scripts" / "setup.sh").write_text(setup)
+    os.chmod(tmp_path / "scripts" / "setup.sh", 0o755)
+    if venv == "broken":
+        (tmp_path / ".venv" / "bin").mkdir(parents=True)  # a venv whose python is gone
+    elif venv == "working":
+        (tmp_path / ".venv" / "bin").mkdir(parents=True)
+        (tmp_path / ".venv" / "bin" / "python").write_text(shim)
+        os.chmod(tmp_path / ".venv" / "bin" / "python", 0o755)
+    # pytest --version: the suite itself is not run again
+    r = subprocess.run(["bash", str(tmp_path / "scripts" / "test.sh"), "--version"], capture_output=True,
+                       text=True, timeout=300, cwd="/", env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr
+    assert "pytest" in r.stdout + r.stderr
+    calls = (tmp_path / "calls").read_text().split() if (tmp_path / "calls").exists() else []
+    assert calls == ([] if venv == "working" else ["setup"]), r.stderr
+    if venv != "working":
+        assert "running scripts/setup.sh first" in r.stderr
