@@ -53,7 +53,9 @@ def main():
 
     from mlxspec.targets.load import load_target
     from mlxspec.train.heldout import build_heldout, frozen_for, heldout_tau
-    from mlxspec.train.trainer import TrainConfig, parse_data_mix, train
+    from mlxspec.train.batches import parse_data_mix
+    from mlxspec.train.config import TrainConfig
+    from mlxspec.train.trainer import train
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 """What a speculative step costs the batched KV cache, per-row lengths vs left padding.
 
 After a batched verify, rows keep different numbers of tokens. With per-row lengths
-(`mlxspec.engine.batch.RaggedKVCache`) the next block is scattered at each row's own length
+(`mlxspec.engine.batch_rows.RaggedKVCache`) the next block is scattered at each row's own length
 (`put_along_axis`) and rollback is free. With mlx-lm's left-padded `BatchKVCache` rows share
 one end slot, so every row that kept fewer tokens than the longest must be shifted right
 (`dynamic_roll`, mlx-lm's own helper for that) before the next block. This times both for

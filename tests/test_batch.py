@@ -16,7 +16,8 @@ import pytest
 
 from mlxspec import api
 from mlxspec.engine import batch as batch_mod
-from mlxspec.engine.batch import SpecBatch, VerifyBudget, check_batchable
+from mlxspec.engine.batch import SpecBatch, VerifyBudget
+from mlxspec.engine.batch_rows import check_batchable
 from mlxspec.engine.drafting import BlockDrafter
 from mlxspec.engine.loop import generate_steps
 from mlxspec.engine.verify import SamplingParams

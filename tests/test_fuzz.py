@@ -257,7 +257,8 @@ def test_convert_refuses_non_empty_out_and_never_writes_through_symlinks(fx, tmp
 def test_train_resumes_only_matching_settings(tmp_path):
     from dataclasses import asdict
 
-    from mlxspec.train.trainer import TrainConfig, check_out_dir
+    from mlxspec.train.checkpoint import check_out_dir
+    from mlxspec.train.config import TrainConfig
 
     out = tmp_path / "run"
     (out / "ckpt").mkdir(parents=True)

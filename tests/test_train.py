@@ -16,7 +16,9 @@ from mlxspec.engine.verify import SamplingParams
 from mlxspec.errors import MlxspecError
 from mlxspec.train.data import load_shards, prepare_generated_shards, prepare_shards, taps_from_store, taps_to_store
 from mlxspec.train.export import export_all
-from mlxspec.train.trainer import TrainConfig, parse_data_mix, train
+from mlxspec.train.batches import parse_data_mix
+from mlxspec.train.config import TrainConfig
+from mlxspec.train.trainer import train
 
 TAPS = [1, 8, 15]
 
@@ -278,7 +280,7 @@ def test_dense_training_forward_equals_the_inference_forward():
 def test_dense_anchors_cover_every_valid_position_of_a_regen_window():
     """anchors_per_seq=0 supervises every anchor in [start, end - block] of a window once, and
     no anchor outside it; padded anchors carry no label."""
-    from mlxspec.train.trainer import Batcher
+    from mlxspec.train.batches import Batcher
 
     L, B = 32, 4
     store = {"tokens": np.arange(2 * L, dtype=np.int32).reshape(2, L) % 50,

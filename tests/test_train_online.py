@@ -14,7 +14,8 @@ from mlx.utils import tree_flatten
 from mlxspec.errors import MlxspecError
 from mlxspec.train.data import load_shards, prepare_shards
 from mlxspec.train.online import OnlineCorpus
-from mlxspec.train.trainer import TrainConfig, train
+from mlxspec.train.config import TrainConfig
+from mlxspec.train.trainer import train
 
 TAPS = [1, 8, 15]
 SRC = {"fortunes": ["/usr/share/games/fortunes/*"]}
@@ -132,7 +133,7 @@ def test_online_flags_that_mean_nothing_are_one_line(tmp_path, capsys, flags, li
 
 
 def test_window_order_sequential_refuses_a_mix():
-    from mlxspec.train.trainer import Batcher
+    from mlxspec.train.batches import Batcher
 
     s = {"tokens": np.zeros((2, 16), np.int32)}
     with pytest.raises(MlxspecError, match="window order sequential reads one store in order; got 2 stores"):

@@ -7,7 +7,9 @@
   disconnects and the non-streaming `collect`; `sse`: streamed responses;
 - `completions`: /v1/chat/completions and /v1/completions; `status`: /health, /v1/models, /metrics;
 - `compat`: the Anthropic Messages (/v1/messages) and OpenAI Responses (/v1/responses) APIs;
-- `worker`: the generation thread (continuous batching through `engine.batch`, or one generation at a
-  time with `--max-batch 1`; bounded queue, metrics);
+- `job`: `Job`, one request on the generation thread; `worker`: that thread (loading, the bounded
+  queue, the drafter pool), running jobs through `batched` (continuous batching through
+  `engine.batch`) or `sequential` (one generation at a time with `--max-batch 1`); `text`: a job's
+  tokens -> the text sent; `metrics`: the counters behind /metrics;
 - `prompt_cache`: the LRU prefix cache of target KV caches and drafter context.
 """

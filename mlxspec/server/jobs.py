@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 
 from mlxspec.server.errors import APIError
-from mlxspec.server.worker import Job
+from mlxspec.server.job import Job
 
 if TYPE_CHECKING:
     from mlxspec.server.state import Server

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 
 from mlxspec.server.params import _MISSING
 from mlxspec.server.tools import ToolStream
-from mlxspec.server.worker import Job
+from mlxspec.server.job import Job
 
 
 async def sse(model_id: str, job: Job, kind: str, rid: str, include_usage: bool, watcher,

@@ -12,7 +12,8 @@ from starlette.requests import Request
 
 from mlxspec.server import jobs, params
 from mlxspec.server.tools import TOOL_OPEN
-from mlxspec.server.worker import Job, Worker
+from mlxspec.server.job import Job
+from mlxspec.server.worker import Worker
 
 
 class Server:

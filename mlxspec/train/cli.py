@@ -16,7 +16,9 @@ from mlxspec.train.data import DEFAULT_SOURCES, prepare_generated_shards, prepar
 from mlxspec.train.export import export_all
 from mlxspec.train.heldout import build_heldout, default_heldout_dir, target_name
 from mlxspec.train.regen import prepare_regen_store
-from mlxspec.train.trainer import TrainConfig, parse_data_mix, train
+from mlxspec.train.batches import parse_data_mix
+from mlxspec.train.config import TrainConfig
+from mlxspec.train.trainer import train
 from mlxspec.validate import MAX_BLOCK, check_float_arg, check_int_arg, check_output_dir, writing
 
 DEFAULT_TOKENS = "code=650000,prose=520000,fortunes=130000"

@@ -5,7 +5,7 @@ proposes its argmax chain, the target accepts the leading drafts that equal its 
 tokens, and the next anchor is a + accepted + 1. Its Markov head conditions each row on the
 previous draft, which equals the target's token whenever that row was accepted, so the
 accepted length at *every* anchor follows from one teacher-forced pass over the target's
-greedy continuation (`trainer.block_logits`). Replaying the anchor walk over those lengths
+greedy continuation (`blocks.block_logits`). Replaying the anchor walk over those lengths
 gives the tau, acceptance and per-position acceptance `mlxspec.evaluate.evaluate_drafter`
 measures with the engine on the same prompts and token budget, for a fraction of the cost
 (checked against it in tests/test_train.py and the model card).

@@ -93,7 +93,7 @@ class OnlineCorpus:
         return out
 
     def vocabulary_sample(self) -> dict[str, np.ndarray]:
-        """What `trainer.draft_vocabulary` counts: the target's top-1 on the first
+        """What `start.draft_vocabulary` counts: the target's top-1 on the first
         VOCAB_WINDOWS windows of the plan (within `limit`), the tokens of every window.
         Equals a store of the same windows when it holds no more than VOCAB_WINDOWS."""
         m = min(self.limit, VOCAB_WINDOWS)
