@@ -6,28 +6,27 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
 
 from starlette.requests import Request
 
 from mlxspec.server.errors import APIError
 from mlxspec.server.job import Job
-
-if TYPE_CHECKING:
-    from mlxspec.server.state import Server
+from mlxspec.server.worker import Worker
 
 
-def start_job(server: Server, request: Request, p: dict, ids: list[int]) -> tuple[Job, asyncio.Task]:
-    """Queue a generation (429 when the queue is full) and watch for the client leaving."""
+def start_job(worker: Worker, timeout: float, request: Request, p: dict,
+              ids: list[int]) -> tuple[Job, asyncio.Task]:
+    """Queue a generation on `worker`, due within `timeout` seconds (429 when the queue is full),
+    and watch for the client leaving."""
     job = Job(ids=ids, max_tokens=p["max_tokens"], temp=p["temp"], top_p=p["top_p"], top_k=p["top_k"],
               seed=p["seed"], stop=p["stop"], speculative=p["speculative"], use_cache=p["use_cache"],
-              deadline=time.perf_counter() + server.a.timeout, loop=asyncio.get_running_loop())
-    submitted = server.worker.try_submit(job)
+              deadline=time.perf_counter() + timeout, loop=asyncio.get_running_loop())
+    submitted = worker.try_submit(job)
     arrival = getattr(request.state, "arrival", None)
     if arrival is not None:
         arrival.close()  # submitted (or refused): no longer on its way in
     if not submitted:
-        raise APIError(429, f"the server is busy ({server.worker.max_queue} requests queued or running); "
+        raise APIError(429, f"the server is busy ({worker.max_queue} requests queued or running); "
                             "retry later", "rate_limit_exceeded", code="queue_full", headers={"Retry-After": "1"})
     return job, asyncio.create_task(watch_disconnect(request, job))
 

@@ -45,4 +45,4 @@ class Server:
         return await params.render_prompt(self.tok, msgs, tools, param)
 
     def start_job(self, request: Request, p: dict, ids: list[int]) -> tuple[Job, asyncio.Task]:
-        return jobs.start_job(self, request, p, ids)
+        return jobs.start_job(self.worker, self.a.timeout, request, p, ids)
