@@ -95,7 +95,7 @@ class NgramDrafter:
 
 
 class LookupBlockDrafter:
-    """A block drafter (DFlash / DSpark) with prompt lookup beside it (`--ngram`).
+    """A model drafter (DFlash / DSpark / DFlash 2 blocks, EAGLE-3 chains) with prompt lookup beside it (`--ngram`).
 
     `draft` is the block drafter's; `lookup` is the free n-gram proposal. Which one is
     verified is the policy's choice (`mlxspec.engine.policy`), made from this request's measured
@@ -108,6 +108,7 @@ class LookupBlockDrafter:
         self.name = f"{block.name}+ngram"
         self.taps = block.taps
         self.max_drafts = block.max_drafts
+        self.chain = bool(getattr(block, "chain", False))  # a chain drafter's cost is per draft (policy)
         self.vocab_size = vocab_size
         self.index = NgramIndex(n_min, n_max)
 

@@ -46,8 +46,10 @@ def expected_tokens(p: Sequence[float], l: int) -> float:
     return e
 
 
-def best_length(p: Sequence[float], verify_time: Sequence[float], draft_time: float, max_len: int) -> tuple[int, float]:
-    """argmax_l rate(l) over l = 0..max_len -> (l, rate). verify_time[L - 1] = cost of L tokens.
+def best_length(p: Sequence[float], verify_time: Sequence[float], draft_time: float, max_len: int,
+                per_draft: float = 0.0) -> tuple[int, float]:
+    """argmax_l rate(l) over l = 0..max_len -> (l, rate). verify_time[L - 1] = cost of L tokens;
+    drafting l tokens costs draft_time + per_draft * l (a chain drafter runs one forward per draft).
 
     Ties go to the shorter length (cheaper, and less to roll back)."""
     max_len = min(max_len, len(p), len(verify_time) - 1)
@@ -56,7 +58,7 @@ def best_length(p: Sequence[float], verify_time: Sequence[float], draft_time: fl
     for l in range(1, max_len + 1):
         surv *= float(p[l - 1])
         e += surv
-        r = e / (draft_time + verify_time[l])
+        r = e / (draft_time + per_draft * l + verify_time[l])
         if r > best * (1 + 1e-9):
             best_l, best = l, r
     return best_l, best
@@ -308,7 +310,12 @@ class VerifyPolicy:
     """The adaptive `LengthPolicy` (module docstring; state per request)."""
 
     def __init__(self, verify_time: Sequence[float], max_drafts: int, probe_every: int = 4, max_probe_every: int = 64,
-                 decay: float = 0.95, cost_decay: float = 0.97, cost_prior: float = 1.0, cost_probe_weight: float = 0.3):
+                 decay: float = 0.95, cost_decay: float = 0.97, cost_prior: float = 1.0, cost_probe_weight: float = 0.3,
+                 chain: bool = False):
+        # chain: the drafter runs one forward per draft (EAGLE-3), so its cost is per drafted
+        # token and the plan drafts only as many as pay; a block drafter's forward costs the
+        # same whatever the length, so it drafts the whole block and truncates afterwards
+        self.chain, self.last_drafted = chain, 0
         vt = np.maximum.accumulate(np.asarray(verify_time, dtype=np.float64))  # cost never falls with length
         self.base_verify_time = [float(x) for x in vt]
         self.verify_scale: float | None = None  # observed / profiled verify time (machine load now)
@@ -413,8 +420,12 @@ class VerifyPolicy:
             options.append((r if l > 0 else 0.0, Plan(src, l), min(lookup_len, n_cap)))
         if model_drafts:
             dt = self.draft_time.get(Source.DRAFTER, 0.0)
-            l, r = best_length(self.estimate(Source.DRAFTER).p(), self.verify_time, dt, n_cap)
-            options.append((r if l > 0 else 0.0, Plan(Source.DRAFTER, n_cap), n_cap))
+            if self.chain:  # draft_time is per drafted token: draft only the length that pays
+                l, r = best_length(self.estimate(Source.DRAFTER).p(), self.verify_time, 0.0, n_cap, dt)
+                options.append((r if l > 0 else 0.0, Plan(Source.DRAFTER, l), n_cap))
+            else:
+                l, r = best_length(self.estimate(Source.DRAFTER).p(), self.verify_time, dt, n_cap)
+                options.append((r if l > 0 else 0.0, Plan(Source.DRAFTER, n_cap), n_cap))
         best, best_rate = Plan(Source.NONE, 0), 1.0 / self.verify_time[0]
         for r, plan, _ in options:
             if r > best_rate:
@@ -428,6 +439,7 @@ class VerifyPolicy:
                 best = Plan(plan.source, full, probe=True)
                 self.waited[plan.source] = 0
         self.last_probe = best.probe
+        self.last_drafted = best.n if best.source.kind is Kind.DRAFTER else 0
         return best
 
     def truncate(self, source: str | Source, n: int, confidence: Sequence[float] | None, greedy: bool) -> int:
@@ -467,12 +479,15 @@ class VerifyPolicy:
                 self.calib.setdefault(source, Calibration()).observe(confidence, verified, accepted)
         drafter = source.kind is Kind.DRAFTER
         if draft_seconds is not None and drafter:
+            if self.chain:
+                draft_seconds = draft_seconds / max(self.last_drafted, 1)
             old = self.draft_time.get(Source.DRAFTER)
             self.draft_time[Source.DRAFTER] = draft_seconds if old is None else 0.8 * old + 0.2 * draft_seconds
         if self.last_probe:
             # back to frequent probes only once the estimate says this source pays again
             dt = self.draft_time.get(Source.DRAFTER, 0.0) if drafter else 0.0
-            pays = best_length(self.estimate(source).p(), self.verify_time, dt, self.max_drafts)[0] > 0
+            pays = best_length(self.estimate(source).p(), self.verify_time, 0.0 if self.chain else dt, self.max_drafts,
+                               dt if self.chain else 0.0)[0] > 0
             cur = self.probe_interval(source)
             self.interval[source] = self.probe_base if pays else min(2 * cur, self.max_probe_every)
 

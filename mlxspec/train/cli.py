@@ -26,8 +26,16 @@ DEFAULT_TOKENS = "code=650000,prose=520000,fortunes=130000"
 
 def add_train_args(p):
     p.add_argument("--model", "-m", default=None, help="target (default SmolLM2-135M-Instruct)")
-    p.add_argument("--lineage", choices=("dspark", "dflash", "dflash2"), default="dspark",
-                   help="dflash2: dynamic convs + path selector, bonus-anchor layout, full vocabulary (as z-lab)")
+    p.add_argument("--lineage", choices=("dspark", "dflash", "dflash2", "eagle3"), default="dspark",
+                   help="dflash2: dynamic convs + path selector, bonus-anchor layout, full vocabulary (as z-lab); "
+                        "eagle3: a one-layer chain drafter over three taps (default: the target's inputs of layers 2, "
+                        "N//2, N-3), every position supervised plus training-time test, for --minutes")
+    p.add_argument("--ttt-steps", type=int, default=7,
+                   help="eagle3: chain steps unrolled in training (training-time test), loss weight 0.8^k")
+    p.add_argument("--ttt-fraction", type=float, default=0.25,
+                   help="eagle3: share of positions the unrolled steps run at each step (step 0 runs at all of them)")
+    p.add_argument("--minutes", type=float, default=60.0,
+                   help="eagle3: training budget in minutes of training time (resumable; the cosine decay spans it)")
     p.add_argument("--out", "-o", required=True, help="output directory (checkpoints, exports, report)")
     p.add_argument("--data", default=None,
                    help="data store directory (default: <cache>/shards/<model>-<mode>-...); prepared on first use. "
@@ -75,8 +83,9 @@ def add_train_args(p):
     p.add_argument("--no-confidence", action="store_true")
     p.add_argument("--draft-vocab", type=int, default=8192, help="reduced draft vocabulary size (0 = full)")
     p.add_argument("--labels", choices=("target", "corpus"), default="target")
-    p.add_argument("--loss", choices=("ce", "kl"), default="ce",
-                   help="ce: cross-entropy on the target's argmax; kl: soft cross-entropy on its stored top-k")
+    p.add_argument("--loss", choices=("ce", "kl"), default=None,
+                   help="ce: cross-entropy on the target's argmax (block lineages' default); kl: soft cross-entropy "
+                        "on its stored top-k (eagle3's default)")
     p.add_argument("--warm-start", action="store_true",
                    help="start the drafter layers from the target's last layers (fc passes the deepest tap)")
     p.add_argument("--steps", type=int, default=2000)
@@ -94,7 +103,7 @@ def add_train_args(p):
                         "final norm and the heads stay as exported; lets the new layers take a higher --lr)")
     p.add_argument("--compile", action="store_true", help="mx.compile the training step (no faster on CPU, measured)")
     p.add_argument("--heldout-every", type=int, default=0,
-                   help="every N steps, held-out tau from the target's greedy answers to the held-out prompts "
+                   help="every N steps (eagle3: every N minutes), held-out tau from the target's greedy answers to the held-out prompts "
                         "(train.heldout: equals the engine's full-block evaluation, ~15 s), into the report's history")
     p.add_argument("--heldout-prompts", type=int, default=8,
                    help="held-out prompts per category for --heldout-every (default 8; up to 16 code, 16 prose, 8 chat "
@@ -220,7 +229,11 @@ def cmd_train(a) -> int:
     check_blas()
     target, tok = load_target(a.model)
     n_layers = target.info.num_layers
-    taps = default_taps(n_layers) if a.taps is None else [int(x) for x in a.taps.split(",")]
+    if a.taps is None and a.lineage == "eagle3":
+        from mlxspec.drafters.eagle3 import default_taps as eagle3_taps
+        taps = eagle3_taps(n_layers)
+    else:
+        taps = default_taps(n_layers) if a.taps is None else [int(x) for x in a.taps.split(",")]
     check_taps(taps, n_layers)
     budget = _parse_kv(a.tokens or DEFAULT_TOKENS)
     sources = None
@@ -245,6 +258,9 @@ def cmd_train(a) -> int:
             cache_dir() / "shards" / f"{name}-{a.data_mode}-L{a.seq_len}-t{'_'.join(map(str, taps))}")
     meta = {"taps": taps, "seq_len": a.seq_len, "budget": budget, "model": target.info.source,
             "sources": sources or DEFAULT_SOURCES, "mode": a.data_mode}
+    if a.lineage == "eagle3" and not a.prepare_only and not a.online and all(
+            (Path(d) / "meta.json").exists() for d in ([m[0] for m in mix] if mix else [data])):
+        return _train_eagle3(a, target, tok, taps, mix, data)  # stores already there (possibly still growing)
     if a.online:
         pass  # no store: the trainer runs the target on each step's windows
     elif mix and len(mix) > 1:
@@ -274,13 +290,15 @@ def cmd_train(a) -> int:
         raise MlxspecError(f"{data}: shards were prepared for other taps; pass --data to a new directory")
     if a.prepare_only:
         return 0
+    if a.lineage == "eagle3":
+        return _train_eagle3(a, target, tok, taps, mix, data)
     tc = TrainConfig(
         lineage=a.lineage, block_size=a.block_size,
         sample_from_anchor=(a.layout or ("bonus-anchor" if a.lineage == "dflash2" else "anchor-first")) == "anchor-first",
         layers=a.layers, intermediate_size=a.intermediate_size, markov_rank=a.markov_rank,
         confidence_head=not a.no_confidence, draft_vocab=a.draft_vocab, labels=a.labels, steps=a.steps,
         seqs_per_step=a.seqs_per_step, anchors_per_seq=a.anchors_per_seq, lr=a.lr, warmup=a.warmup,
-        seed=a.seed, taps=taps, loss=a.loss, warm_start=a.warm_start, max_windows=a.max_windows,
+        seed=a.seed, taps=taps, loss=a.loss or "ce", warm_start=a.warm_start, max_windows=a.max_windows,
         response_only=not a.all_positions, compile=a.compile, init_from=a.init_from, train_new_only=a.train_new_only,
         heldout_every=a.heldout_every, window_order="sequential" if a.online else (a.window_order or "random"),
     )
@@ -303,4 +321,40 @@ def cmd_train(a) -> int:
     with writing("--out", out):
         (out / "report.json").write_text(json.dumps(report, indent=1, default=str))
     print(f"wrote {', '.join(str(p) for p in paths)} and {out / 'report.json'}")
+    return 0
+
+
+def _train_eagle3(a, target, tok, taps, mix, data) -> int:
+    from mlxspec.train.data import load_shards
+    from mlxspec.train.eagle3 import Eagle3TrainConfig, train_eagle3
+
+    check_int_arg("--ttt-steps", a.ttt_steps, 1, MAX_BLOCK)
+    check_float_arg("--minutes", a.minutes, 0.0, 1e6, lo_open=True)
+    check_float_arg("--ttt-fraction", a.ttt_fraction, 0.0, 1.0, lo_open=True)
+    if a.online:
+        raise MlxspecError("--lineage eagle3 trains from stores (--data); drop --online")
+    dirs = [(d, first) for d, _, first in mix] if mix else [(str(data), 0)]
+    stores = []
+    for d, first in dirs:
+        meta = json.loads((Path(d) / "meta.json").read_text())
+        if list(meta.get("taps", [])) != list(taps):
+            raise MlxspecError(f"--data {d}: prepared for taps {meta.get('taps')}, not {taps}; pass --taps "
+                               f"{','.join(map(str, meta.get('taps', [])))} or a store for these taps")
+        stores.append(load_shards(d, a.max_windows, first))
+
+    def reload():  # stores still being prepared by another process grow between checkpoints
+        return [load_shards(d, a.max_windows, first) for d, first in dirs]
+    tc = Eagle3TrainConfig(taps=list(taps), draft_vocab=a.draft_vocab, ttt_steps=a.ttt_steps, lr=a.lr,
+                           ttt_fraction=a.ttt_fraction,
+                           warmup=a.warmup, minutes=a.minutes, seqs_per_step=a.seqs_per_step, seq_len=a.seq_len,
+                           seed=a.seed, loss=a.loss or "kl", init="target" if a.warm_start else "random",
+                           heldout_minutes=max(a.heldout_every, 1) if a.heldout_every else 5.0)
+    heldout = None
+    if a.heldout_every:
+        n, m = a.heldout_prompts, a.heldout_tokens
+        heldout = str(build_heldout(target, tok, taps, default_heldout_dir(target, taps, n, m), n_per_category=n,
+                                    max_tokens=m))
+    with writing("--out", a.out):
+        rep = train_eagle3(target, stores, a.out, tc, heldout, reload=reload)
+    print(f"mlxspec train: eagle3 {rep['steps']} steps in {rep['minutes']:.1f} min; export {Path(a.out) / 'hf'}")
     return 0

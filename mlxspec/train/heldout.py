@@ -87,16 +87,22 @@ def _accepted_lengths(model, frozen, tokens: np.ndarray, taps: mx.array, lo: int
     return np.cumprod(ok, axis=1).sum(axis=1)
 
 
-def heldout_tau(model, frozen: dict, store: str | Path, categories=CATEGORIES) -> dict:
+def heldout_tau(model, frozen: dict, store: str | Path, categories=CATEGORIES, *, lengths=None,
+                n_drafts: int | None = None) -> dict:
     """{category: {tau, tau_se, per_prompt, acceptance_rate, accepted, drafted,
     per_position_acceptance}} from the
     replayed greedy decode of each held-out continuation (module docstring), counted as
     `engine.loop.SpecStats` counts. frozen = {"embed": target embeddings [V, H], "head": the
-    head's rows at the draft ids, "d_ids": the draft ids (numpy)}."""
+    head's rows at the draft ids, "d_ids": the draft ids (numpy)}. lengths(tokens, taps, lo, hi, end) ->
+    accepted drafts at each anchor, for a chain drafter (`train.eagle3.heldout_lengths`, with its
+    n_drafts); default: the block drafter's own pass."""
     from mlxspec.train.data import taps_from_store
 
-    c = model.config
-    n_drafts = c.layout.n_drafts
+    if lengths is None:  # a block drafter: its teacher-forced block pass
+        n_drafts = model.config.layout.n_drafts
+
+        def lengths(tokens, taps, lo, hi, end):
+            return _accepted_lengths(model, frozen, tokens, taps, lo, hi, end)
     res = {}
     for cat in categories:
         z = np.load(Path(store) / f"{cat}.npz")
@@ -107,7 +113,7 @@ def heldout_tau(model, frozen: dict, store: str | Path, categories=CATEGORIES) -
         for w in range(len(z["tokens"])):
             tokens, start, end = z["tokens"][w], int(z["start"][w]), int(z["end"][w])
             hi, steps0 = min(end, start + budget), steps
-            n_acc = _accepted_lengths(model, frozen, tokens, taps_from_store(z["taps"][w]), start, hi, end)
+            n_acc = lengths(tokens, taps_from_store(z["taps"][w]), start, hi, end)
             made, a = 1, start  # the prefill's token (at `start`) is the first anchor
             while made < budget and a + 1 < end:
                 n_d = min(n_drafts, budget - made - 1)

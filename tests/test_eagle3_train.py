@@ -1,0 +1,70 @@
+"""EAGLE-3 training (mlxspec/train/eagle3.py): its training-time-test pass is exactly the chain
+the drafting runtime proposes, and a short run learns a target it can see."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from mlx.utils import tree_map
+
+from mlxspec.drafters.eagle3 import Eagle3Config, Eagle3Model
+from mlxspec.engine.eagle3 import Eagle3Drafter
+from mlxspec.engine.verify import SamplingParams
+from mlxspec.train.eagle3 import ttt_hidden
+from tiny_targets import tiny_target
+
+
+def random_eagle3(target, taps=(0, 1, 2), draft_vocab=48, nbr=False, seed=1) -> tuple[Eagle3Model, Eagle3Config]:
+    info = target.info
+    cfg = Eagle3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                       num_key_value_heads=2, head_dim=8, vocab_size=info.vocab_size, draft_vocab_size=draft_vocab,
+                       target_hidden_size=info.hidden_size, target_layer_ids=tuple(taps),
+                       file_layer_ids=tuple(t + 1 for t in taps), norm_before_residual=nbr)
+    m = Eagle3Model(cfg)
+    mx.random.seed(seed)
+    m.update(tree_map(lambda w: mx.random.normal(w.shape) * 0.3 if w.dtype == mx.float32 else w, m.parameters()))
+    if cfg.reduced_vocab:
+        ids = np.sort(np.random.default_rng(seed).choice(info.vocab_size, draft_vocab, replace=False))
+        m.d2t = mx.array(ids - np.arange(draft_vocab)).astype(mx.int32)
+    return m, cfg
+
+
+@pytest.mark.parametrize("nbr", [False, True])
+def test_ttt_pass_is_the_drafted_chain(nbr):
+    """Feed the drafter's own greedy chain as the 'true' tokens: the TTT pass at the anchor's
+    pair must give the same chain, and the same logits (1e-4)."""
+    target = tiny_target("llama", seed=0)
+    model, cfg = random_eagle3(target, nbr=nbr)
+    d = Eagle3Drafter(model, cfg, target, max_drafts=5)
+    rng = np.random.default_rng(0)
+    prompt = [int(x) for x in rng.integers(0, 60, 9)]
+    anchor = 7
+    _, taps = target(mx.array([prompt]), target.make_cache(), taps=d.taps, logits="last")
+    d.begin(prompt, taps)
+    out = d.draft(anchor, 5, SamplingParams(), rng)
+    tokens = np.array(prompt + [anchor] + out.tokens, np.int32)
+    L = len(tokens)
+    full_taps = mx.concatenate([taps, mx.random.normal((1, L - taps.shape[1], taps.shape[2]))], axis=1)
+    emb = target.embed(mx.arange(target.info.vocab_size))
+    outs = ttt_hidden(model, emb, full_taps, mx.array(tokens[None]), 5)
+    i = len(prompt) - 1  # the pair (last prompt tap, anchor)
+    logits = mx.stack([d.logits(h[:, i:i + 1])[0, 0] for h in outs])
+    assert float(mx.abs(logits - out.logits).max()) < 1e-4
+    assert d.to_target(mx.argmax(logits, axis=-1)).tolist() == out.tokens
+
+
+def test_ttt_on_a_subset_of_positions_equals_the_full_pass():
+    target = tiny_target("llama", seed=0)
+    model, cfg = random_eagle3(target)
+    rng = np.random.default_rng(3)
+    L = 20
+    taps = mx.random.normal((2, L, 3 * target.info.hidden_size))
+    tokens = mx.array(rng.integers(0, 64, (2, L)).astype(np.int32))
+    emb = target.embed(mx.arange(target.info.vocab_size))
+    full = ttt_hidden(model, emb, taps, tokens, 4)
+    sel = mx.array([0, 3, 7, 18])
+    part = ttt_hidden(model, emb, taps, tokens, 4, sel)
+    assert float(mx.abs(part[0] - full[0]).max()) < 1e-5
+    for k in range(1, 4):
+        assert float(mx.abs(part[k] - full[k][:, sel]).max()) < 1e-4
