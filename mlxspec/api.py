@@ -54,7 +54,10 @@ class SpecConfig:
     draft: a drafter path (dir or .gguf) or hub id, "auto" (`resolve_auto_draft`), or None /
     "none" (no drafter; spec_type "none" means the same). policy: "adaptive" | "fixed" | None
     (adaptive unless block_size, num_draft_tokens or schedule pins the length). ngram: prompt
-    lookup beside a block drafter (--ngram; on by default)."""
+    lookup beside a block drafter (--ngram; on by default). shard: None (one process), or the
+    target sharded over the ranks of an `mlx.launch` job (`--ranks`): a
+    `mlxspec.distributed.Sharding`, which `load` asks for the target with
+    `shard.load_target(model) -> (target, tokenizer, speculates)`."""
 
     draft: str | None = "auto"
     spec_type: str = "auto"
@@ -64,6 +67,7 @@ class SpecConfig:
     schedule: bool = False
     policy: str | None = None
     ngram: bool = True
+    shard: object = None
 
     def __post_init__(self):
         d = self.draft
@@ -76,6 +80,9 @@ class SpecConfig:
         check_spec_args(self.block_size, self.num_draft_tokens, self.p_min)
         if self.policy is not None and self.policy not in VERIFY_POLICIES:
             raise MlxspecError(f"--verify-policy {self.policy!r} is not one of {', '.join(VERIFY_POLICIES)}")
+        if self.shard is not None and not callable(getattr(self.shard, "load_target", None)):
+            raise MlxspecError(f"shard={self.shard!r}: pass a mlxspec.distributed.Sharding(mode=..., check=..., "
+                               "timeout=...), or None for one process")
         if d == "none" or self.spec_type == "none":
             object.__setattr__(self, "draft", None)
         elif isinstance(d, os.PathLike):
@@ -162,14 +169,22 @@ def load(model: str | None = None, draft=_UNSET, *, config: SpecConfig | None = 
     model: .gguf file or MLX/HF dir or hub id; None = the default SmolLM2-135M-Instruct.
     config: how to speculate (`SpecConfig`; default: `--draft auto` with the adaptive policy
     and prompt lookup). draft and the keyword fields (spec_type, block_size,
-    num_draft_tokens, p_min, schedule, policy, ngram) replace the config's own:
+    num_draft_tokens, p_min, schedule, policy, ngram, shard) replace the config's own:
     `load(model, "path/to/drafter", policy="fixed")`.
+
+    With `shard` (`mlxspec.distributed.Sharding`), every rank of an `mlx.launch` job calls
+    `load` the same way and gets the target sharded over the ranks (a `DistTarget`): rank 0
+    gets the speculator and generates, the others get None and call `target.serve()`
+    (docs/distributed.md).
     """
     if model is not None and not isinstance(model, (str, os.PathLike)):
         raise MlxspecError(f"model={model!r}: pass a path (or a Hugging Face repo id) as a string, or None")
     if draft is not _UNSET:
         fields["draft"] = draft
-    config = replace(config or SpecConfig(), **fields) if fields else (config or SpecConfig())
+    config = replace(config or SpecConfig(), **fields) if fields else (config or SpecConfig())  # checked on every rank
+    if config.shard is not None:
+        target, tok, speculates = config.shard.load_target(model)
+        return target, tok, (Speculator.build(config, target, model=model, log=log) if speculates else None)
     target, tok = load_target(model)
     return target, tok, Speculator.build(config, target, model=model, log=log)
 

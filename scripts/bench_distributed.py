@@ -43,8 +43,8 @@ def worker(job: dict) -> None:
     from mlxspec import api, distributed
     from mlxspec.tokenizer import apply_chat_template
 
-    target, tok, spec = distributed.load(job["model"], job["draft"], mode=job["mode"], timeout=600,
-                                         log=open(os.devnull, "w"), **job.get("spec_kw", {}))
+    target, tok, spec = api.load(job["model"], job["draft"], shard=distributed.Sharding(mode=job["mode"], timeout=600),
+                                 log=open(os.devnull, "w"), **job.get("spec_kw", {}))
     # all-reduce replay (all ranks, before generating): 2 per layer per forward, at L = 1 and L = 9
     replay = {}
     if target.mode == "tensor":

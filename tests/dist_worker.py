@@ -18,9 +18,10 @@ from mlxspec.errors import MlxspecError
 
 
 def run_one(run: dict) -> dict | None:
-    target, tok, spec = distributed.load(run.get("model"), run.get("draft"), spec_type=run.get("spec_type", "auto"),
-                                         mode=run.get("mode", "auto"), check=run.get("check", False),
-                                         timeout=run.get("timeout", 60), **run.get("spec_kw", {}))
+    shard = distributed.Sharding(mode=run.get("mode", "auto"), check=run.get("check", False),
+                                 timeout=run.get("timeout", 60))
+    target, tok, spec = api.load(run.get("model"), run.get("draft"), spec_type=run.get("spec_type", "auto"),
+                                 shard=shard, **run.get("spec_kw", {}))
     if target.rank != 0:
         target.serve()
         return None

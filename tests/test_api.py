@@ -261,3 +261,28 @@ def test_load_takes_a_config_or_its_fields(sm, dspark_dir, smollm2_path):
     assert st.drafted > 0 and max(st.verify_lengths) <= 4
     with pytest.raises(TypeError):
         api.load(str(smollm2_path), config=cfg, blocksize=3)
+
+
+def test_distributed_loading_is_a_mode_of_the_one_load(sm, dspark_dir, smollm2_path):
+    """`load(..., shard=Sharding())` is how every rank of an mlx.launch job loads (here one rank,
+    not launched): the sharded target, the speculator on rank 0, the single process's tokens.
+    A shard that is no Sharding is one line, and the package defines no second `load`."""
+    import ast
+    from pathlib import Path
+
+    from mlxspec.distributed import DistTarget, Sharding
+
+    target, tok, ids, ar, _ = sm
+    t, _, spec = api.load(str(smollm2_path), dspark_dir, ngram=False, shard=Sharding(mode="auto", timeout=60),
+                          log=io.StringIO())
+    assert isinstance(t, DistTarget) and (t.rank, t.size) == (0, 1) and spec.spec_type == "draft-dspark"
+    with t:
+        assert [r.token for r in api.stream_generate(t, tok, ids, spec, max_tokens=10)] == ar[:10]
+    with pytest.raises(MlxspecError) as e:
+        api.SpecConfig(shard="tensor")
+    assert str(e.value) == ("shard='tensor': pass a mlxspec.distributed.Sharding(mode=..., check=..., timeout=...), "
+                            "or None for one process")
+    pkg = Path(api.__file__).parent
+    loads = [str(f.relative_to(pkg)) for f in sorted(pkg.rglob("*.py"))
+             for node in ast.parse(f.read_text()).body if isinstance(node, ast.FunctionDef) and node.name == "load"]
+    assert loads == ["api.py"]

@@ -6,7 +6,8 @@ alone runs the speculative loop, and before each target forward sends the others
 that they run the same forward. The output is the single-process output, token for token.
 See docs/distributed.md.
 
-  * `load`: `mlxspec.api.load` for every rank -> (DistTarget, tokenizer, speculator);
+  * `shard`: `Sharding`, `mlxspec.api.load`'s distributed mode (`load(..., shard=Sharding())` on
+    every rank -> (DistTarget, tokenizer, speculator on rank 0));
   * `target`: `DistTarget`, the header protocol, `serve()` for the other ranks;
   * `pipeline`: the layer stages and their activations; `plan`: which split applies;
   * `header`: the header's words; `links`: the ranks' blocking TCP links beside MLX's group;
@@ -22,10 +23,10 @@ across hosts (`mlxspec generate` switches to `mlxspec.distributed.cli` when MLX_
 from mlxspec.distributed.cli import add_dist_args, cmd_generate, cmd_launch, footer
 from mlxspec.distributed.group import DEFAULT_TIMEOUT, init, launched, limit_blas_threads
 from mlxspec.distributed.links import Links
-from mlxspec.distributed.load import load
 from mlxspec.distributed.plan import split_layers, tensor_parallel_reason
+from mlxspec.distributed.shard import Sharding
 from mlxspec.distributed.target import DistStats, DistTarget
 from mlxspec.distributed.watchdog import Watchdog
 
-__all__ = ["DEFAULT_TIMEOUT", "DistStats", "DistTarget", "Links", "Watchdog", "add_dist_args", "cmd_generate", "cmd_launch",
-           "footer", "init", "launched", "limit_blas_threads", "load", "split_layers", "tensor_parallel_reason"]
+__all__ = ["DEFAULT_TIMEOUT", "DistStats", "DistTarget", "Links", "Sharding", "Watchdog", "add_dist_args", "cmd_generate",
+           "cmd_launch", "footer", "init", "launched", "limit_blas_threads", "split_layers", "tensor_parallel_reason"]

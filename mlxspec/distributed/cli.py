@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 
+from mlxspec import api
 from mlxspec.args import check_blas, check_generate_args, print_generation, prompt_ids, read_prompt, spec_config
 from mlxspec.distributed.group import DEFAULT_TIMEOUT
-from mlxspec.distributed.load import load
 from mlxspec.distributed.plan import MODES
+from mlxspec.distributed.shard import Sharding
 from mlxspec.distributed.target import DistTarget
 
 
@@ -43,7 +44,8 @@ def cmd_generate(a) -> int:
     if rank == 0:
         check_blas()
     # (the loading lines go to the mlxspec logger; only rank 0 loads a drafter, so only it has any)
-    target, tok, spec = load(a.model, config=spec_config(a), mode=a.dist_mode, check=a.check, timeout=a.dist_timeout)
+    target, tok, spec = api.load(a.model, config=spec_config(a),
+                                 shard=Sharding(mode=a.dist_mode, check=a.check, timeout=a.dist_timeout))
     if target.rank != 0:
         target.serve()
         return 0
