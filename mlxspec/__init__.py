@@ -3,7 +3,22 @@
 __version__ = "0.1.0"
 
 
-def __getattr__(name):  # lazy: `import mlxspec` stays cheap (the CLI re-execs before mlx loads)
+def _fast_blas() -> None:
+    """On Linux CPU: OpenBLAS into the process before MLX loads (`mlxspec.device.preload_openblas`;
+    MLX's CPU wheel links the ~60x slower reference BLAS). Imported after MLX: a warning, once.
+    (Not through `mlxspec.blas`, which `python -m mlxspec.blas` runs as a script.)"""
+    import sys
+
+    if sys.platform.startswith("linux"):
+        from mlxspec.device import preload_openblas
+
+        preload_openblas()
+
+
+_fast_blas()
+
+
+def __getattr__(name):  # lazy: `import mlxspec` stays cheap and loads no MLX (OpenBLAS goes first)
     if name in ("load", "generate", "stream_generate", "load_speculator", "GenerationResponse", "Speculator", "SpecConfig"):
         from mlxspec import api
 

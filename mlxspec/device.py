@@ -9,9 +9,12 @@ that change mlxspec's device decisions:
 - MLXSPEC_BLAS_THREADS=auto|N (and OPENBLAS_NUM_THREADS): how many threads OpenBLAS's GEMMs
   use on the CPU; `auto` (the default, unless OPENBLAS_NUM_THREADS is set) lets
   `mlxspec.blas.ThreadGovernor` follow the load from other processes (`blas_threads_setting`);
-- MLXSPEC_OPENBLAS=PATH and MLXSPEC_NO_BLAS_REEXEC=1: which OpenBLAS the CLI preloads on Linux
-  CPU, and not re-executing to preload it (`mlxspec.blas`; read before MLX is imported, so
-  through `openblas_path` / `blas_reexec_disabled`, which never import it).
+- MLXSPEC_OPENBLAS=PATH|off and MLXSPEC_NO_BLAS_REEXEC=1: which OpenBLAS `import mlxspec` loads
+  on Linux CPU (`off`: none, MLX keeps its wheel's reference BLAS), and the CLI not
+  re-executing to preload it (read before MLX is imported, so through `openblas_path` /
+  `openblas_disabled` / `blas_reexec_disabled`, which never import it). `preload_openblas`
+  loads it, from `import mlxspec` (before MLX: its CPU BLAS is decided by what is loaded when
+  libmlx is; `mlxspec.blas` has the rest of OpenBLAS: threads, the CLI's re-exec).
 
 The hardware is probed once per process, the record is built once per value of the
 variables (a test that sets one sees its effect at the next `current()`).
@@ -20,6 +23,7 @@ variables (a test that sets one sees its effect at the next `current()`).
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -69,8 +73,14 @@ def _gpu() -> str | None:
 
 
 def openblas_path() -> str | None:
-    """MLXSPEC_OPENBLAS, if set (does not import MLX)."""
-    return os.environ.get(OPENBLAS_ENV) or None
+    """MLXSPEC_OPENBLAS, if set to a path (does not import MLX)."""
+    v = os.environ.get(OPENBLAS_ENV) or None
+    return None if v is None or openblas_disabled() else v
+
+
+def openblas_disabled() -> bool:
+    """MLXSPEC_OPENBLAS=off (or 0/false/no/none): load no OpenBLAS (does not import MLX)."""
+    return os.environ.get(OPENBLAS_ENV, "").strip().lower() in (*_OFF, "none")
 
 
 def blas_reexec_disabled() -> bool:
@@ -94,3 +104,89 @@ def blas_threads_setting() -> int | None:
             raise ValueError(f"{name}={v!r}: expected a positive thread count")
         return n
     return None
+
+
+# ----------------------------------------------------------------- OpenBLAS, before MLX loads
+
+OPENBLAS_CANDIDATES = (
+    "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
+    "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0",
+    "/usr/lib64/libopenblasp.so.0",
+    "/usr/lib64/libopenblas.so.0",
+)
+
+
+def find_openblas() -> str | None:
+    """The OpenBLAS to load: MLXSPEC_OPENBLAS, else Debian's / Fedora's; None when there is none
+    or MLXSPEC_OPENBLAS=off."""
+    if openblas_disabled():
+        return None
+    env = openblas_path()
+    if env and os.path.exists(env):
+        return env
+    return next((p for p in OPENBLAS_CANDIDATES if os.path.exists(p)), None)
+
+
+_LATE_WARNED: list = []
+
+
+def preload_openblas() -> bool:
+    """Load OpenBLAS into the global symbol scope before MLX's library is loaded (Linux;
+    `import mlxspec` calls it). -> whether OpenBLAS is loaded now. Where MLX came first
+    (`mlx.core` imported) its BLAS is already bound: warn once with the fix instead."""
+    if not sys.platform.startswith("linux") or openblas_disabled():
+        return False
+    if openblas_loaded():
+        return True
+    lib = find_openblas()
+    if lib is None:
+        return False  # nothing to load: `blas_status` says how to install it where it matters
+    if "mlx.core" in sys.modules:
+        _warn_late(lib)
+        return False
+    import ctypes
+
+    try:  # global scope: libmlx, loaded after, binds its BLAS calls here (mlxspec.blas: measured)
+        ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return False
+    return True
+
+
+def _warn_late(lib: str) -> None:
+    if _LATE_WARNED:
+        return
+    _LATE_WARNED.append(True)
+    try:
+        if current().gpu:
+            return  # MLX computes on the GPU: its CPU BLAS does not matter
+    except Exception:
+        pass
+    import warnings
+
+    warnings.warn("mlxspec: MLX was imported before mlxspec, so its CPU matmul runs on the reference BLAS its "
+                  "wheel links (about half the speed end to end); import mlxspec before mlx / mlx_lm, or run "
+                  f"with LD_PRELOAD={lib} (= $(python -m mlxspec.blas))", RuntimeWarning, stacklevel=_caller_level())
+
+
+def _caller_level() -> int:
+    """The warnings stacklevel of the first frame outside mlxspec and the import machinery: the
+    user's `import mlxspec` line."""
+    pkg = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    f, level = sys._getframe(1), 1
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith("<frozen"):  # warnings skips the import machinery's frames itself
+            if not name.startswith(pkg):
+                return level
+            level += 1
+        f = f.f_back
+    return 1
+
+
+def openblas_loaded() -> bool:
+    try:
+        with open("/proc/self/maps") as f:
+            return "libopenblas" in f.read()
+    except OSError:
+        return False

@@ -172,3 +172,59 @@ def test_ranks_sharing_a_host_leave_a_user_fixed_thread_count_alone(monkeypatch,
     finally:
         blas._PINNED.clear()
         blas._set_threads(before)
+
+
+# ----------------------------------------------------------------------------- import mlxspec loads OpenBLAS
+
+_GEMM = """
+import sys, time
+{first}
+import mlx.core as mx
+a = mx.random.normal((512, 512)); b = mx.random.normal((512, 512)); mx.eval(a @ b)
+t = time.perf_counter()
+for _ in range(8):
+    mx.eval(a @ b)
+print((time.perf_counter() - t) / 8, "libopenblas" in open("/proc/self/maps").read())
+"""
+
+
+def _gemm_in_a_fresh_process(first: str, **env):
+    import subprocess
+    import sys
+
+    e = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "MLXSPEC_OPENBLAS")}
+    e.update(env)
+    r = subprocess.run([sys.executable, "-W", "always", "-c", _GEMM.format(first=first)], capture_output=True,
+                       text=True, env=e, timeout=300)
+    assert r.returncode == 0, r.stderr
+    seconds, loaded = r.stdout.split()
+    return float(seconds), loaded == "True", r.stderr
+
+
+@pytest.mark.skipif(not blas.sys.platform.startswith("linux") or not blas.find_openblas(),
+                    reason="Linux with Debian's libopenblas0-pthread (scripts/setup.sh installs it)")
+def test_import_mlxspec_before_mlx_gives_mlx_openblas_without_ld_preload():
+    """A plain `python app.py` (no LD_PRELOAD) that imports mlxspec before mlx: MLX's GEMM runs
+    on OpenBLAS, loaded by `import mlxspec` (ctypes, RTLD_GLOBAL) before libmlx bound its BLAS
+    calls (measured: a 512x512 float32 matmul 2.3 ms against netlib's 38 ms on 2 cores). Here
+    it must be several times faster than with MLXSPEC_OPENBLAS=off (netlib), and no warning."""
+    fast, loaded, err = _gemm_in_a_fresh_process("import mlxspec")
+    assert loaded and "RuntimeWarning" not in err, err
+    slow, loaded_off, _ = _gemm_in_a_fresh_process("import mlxspec", MLXSPEC_OPENBLAS="off")
+    assert not loaded_off
+    assert fast * 3 < slow, (fast, slow)
+
+
+@pytest.mark.skipif(not blas.sys.platform.startswith("linux") or not blas.find_openblas(),
+                    reason="Linux with Debian's libopenblas0-pthread (scripts/setup.sh installs it)")
+def test_import_mlxspec_after_mlx_warns_once_with_the_fix():
+    """Imported after MLX, mlxspec cannot give it OpenBLAS any more: one RuntimeWarning naming
+    the fix (import mlxspec first, or LD_PRELOAD=$(python -m mlxspec.blas)), at the user's
+    import line, however often it is asked again."""
+    _, loaded, err = _gemm_in_a_fresh_process(
+        "import mlx.core\nimport mlxspec\nimport mlxspec.blas\nmlxspec.blas.preload_openblas()\nfrom mlxspec import api")
+    assert not loaded
+    lines = [ln for ln in err.splitlines() if "RuntimeWarning" in ln]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("<string>:4: RuntimeWarning: mlxspec: MLX was imported before mlxspec"), err
+    assert f"LD_PRELOAD={blas.find_openblas()} (= $(python -m mlxspec.blas))" in lines[0]
