@@ -1,0 +1,220 @@
+"""The suffix index (a generalized suffix automaton over documents) and suffix drafting:
+exact continuations and counts on hand-made sequences, the same as a brute-force count on
+random interleaved documents, eviction order, the budget never exceeded, and proposals."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from mlxspec.engine.suffix import Matcher, SuffixIndex, SuffixLookup, match_bucket
+
+
+def brute_continuations(docs: list[list[int]], context: list[int]) -> tuple[int, dict[int, int]]:
+    """The longest suffix of context followed by some token in some document -> (its
+    length, {next token: count over all its occurrences})."""
+    for m in range(len(context), 0, -1):
+        pat = context[-m:]
+        counts: dict[int, int] = {}
+        for d in docs:
+            for i in range(len(d) - m):
+                if d[i : i + m] == pat:
+                    counts[d[i + m]] = counts.get(d[i + m], 0) + 1
+        if counts:
+            return m, counts
+    return 0, {}
+
+
+def brute_longest(docs: list[list[int]], query: list[int]) -> int:
+    """The length of the longest suffix of query that occurs in some document."""
+    for m in range(len(query), 0, -1):
+        pat = query[-m:]
+        if any(d[i : i + m] == pat for d in docs for i in range(len(d) - m + 1)):
+            return m
+    return 0
+
+
+def test_continuations_hand_made():
+    ix = SuffixIndex()
+    ix.open([1, 2, 3, 1, 2, 4, 1, 2, 3])
+    # [1, 2] occurs three times, twice followed by 3, once by 4, once at the end (no continuation)
+    assert ix.continuations([5, 1, 2]) == (2, {3: 2, 4: 1})
+    assert ix.continuations([2, 3, 1]) == (3, {2: 1})
+    assert ix.continuations([9]) == (0, {})
+    # [1, 2, 3] occurs twice, the second at the end: only the first one continues
+    assert ix.continuations([1, 2, 3]) == (3, {1: 1})
+
+
+def test_continuations_across_documents():
+    ix = SuffixIndex()
+    for d in ([1, 2, 3], [1, 2, 4], [7, 1, 2, 3]):
+        ix.open(d)
+    assert ix.continuations([1, 2]) == (2, {3: 2, 4: 1})
+    assert ix.continuations([7, 1]) == (2, {2: 1})
+    assert len(ix) == 10
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_same_as_brute_force_on_interleaved_documents(seed):
+    """Documents grow in any interleaving (concurrent requests); every context's longest
+    continuing match and its counts equal a brute-force count."""
+    rng = random.Random(seed)
+    ix = SuffixIndex(max_occ=10_000)
+    docs = {ix.open(): [] for _ in range(3)}
+    for _ in range(120):
+        d = rng.choice(list(docs))
+        toks = [rng.randrange(3) for _ in range(rng.randrange(1, 4))]
+        ix.extend(d, toks)
+        docs[d] += toks
+        assert ix.docs[d] == docs[d]
+    for _ in range(60):
+        ctx = [rng.randrange(3) for _ in range(rng.randrange(1, 8))]
+        assert ix.continuations(ctx) == brute_continuations(list(docs.values()), ctx), ctx
+
+
+def test_eviction_drops_the_least_recently_used_documents():
+    ix = SuffixIndex(budget=10)  # evicts down to 7 tokens
+    a = ix.open([1, 2, 3, 4])
+    b = ix.open([5, 6, 7, 8])
+    ix.touch([a])  # a is used again: b is now the least recent
+    c = ix.open([9, 10, 11, 12])
+    assert list(ix.docs) == [a, c] and len(ix) == 8
+    assert ix.continuations([5, 6]) == (0, {})  # b's text is gone
+    assert ix.continuations([2]) == (1, {3: 1}) and ix.continuations([10]) == (1, {11: 1})
+    d = ix.open([13, 14, 15])  # 11 > 10: a (least recent) goes
+    assert list(ix.docs) == [c, d] and len(ix) == 7
+
+
+def test_a_proposal_counts_as_a_use():
+    ix = SuffixIndex(budget=10)
+    a = ix.open([1, 2, 3, 4])
+    b = ix.open([5, 6, 7, 8])
+    v, l = ix.find([1])
+    assert ix.propose(v, l, 2, 2)[0] == [3, 4]  # drafted from a: a is the most recent now
+    ix.open([9, 10, 11])
+    assert a in ix.docs and b not in ix.docs
+
+
+def test_one_document_over_the_budget_keeps_its_tail():
+    ix = SuffixIndex(budget=8)
+    d = ix.open(range(20))
+    assert len(ix) <= 8 and ix.docs[d] == list(range(20))[-len(ix):]
+    assert ix.continuations([18]) == (1, {19: 1})
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_budget_never_exceeded_and_index_stays_exact(seed):
+    rng = random.Random(seed)
+    ix = SuffixIndex(budget=40, max_occ=10_000)
+    open_docs = [ix.open() for _ in range(2)]
+    for step in range(200):
+        if rng.random() < 0.1:
+            open_docs[rng.randrange(2)] = ix.open()
+        d = rng.choice(open_docs)
+        ix.extend(d, [rng.randrange(4) for _ in range(rng.randrange(1, 6))])
+        assert len(ix) <= 40
+        assert len(ix) == sum(len(t) for t in ix.docs.values())
+        if step % 20 == 0:
+            ctx = [rng.randrange(4) for _ in range(5)]
+            assert ix.continuations(ctx) == brute_continuations(list(ix.docs.values()), ctx)
+    assert ix.generation > 0  # it did evict
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_matcher_finds_the_longest_match_of_a_growing_query(seed):
+    rng = random.Random(seed)
+    ix = SuffixIndex()
+    for _ in range(3):
+        ix.open([rng.randrange(3) for _ in range(20)])
+    m = Matcher(ix, depth=1000)
+    query: list[int] = []
+    for _ in range(100):
+        query.append(rng.randrange(3))
+        m.feed(query[-1:])
+        v, l = m.where()
+        assert l == brute_longest(list(ix.docs.values()), query)
+        assert ix.len[ix.link[v]] < l <= ix.len[v]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_matcher_stays_valid_while_the_index_grows_and_is_rebuilt(seed):
+    """Text added elsewhere between two tokens can make an earlier match longer than the
+    matcher knows (it is a lower bound then); after a rebuild it is found again exactly."""
+    rng = random.Random(seed)
+    ix = SuffixIndex(budget=60)
+    other = ix.open()
+    m = Matcher(ix, depth=1000)
+    query: list[int] = []
+    for _ in range(150):
+        gen = ix.generation
+        ix.extend(other, [rng.randrange(3) for _ in range(rng.randrange(0, 3))])
+        query.append(rng.randrange(3))
+        m.feed(query[-1:])
+        v, l = m.where()
+        longest = brute_longest(list(ix.docs.values()), query)
+        assert l <= longest and (l == longest or ix.generation == gen)
+        assert l == 0 or ix.len[ix.link[v]] < l <= ix.len[v]
+        if l:
+            assert ix.continuations(query[-l:])[0] >= 0 and brute_longest(list(ix.docs.values()), query[-l:]) == l
+    assert ix.generation > 0
+
+
+def test_propose_copies_the_continuation_scaled_by_the_match():
+    text = [7, 1, 2, 3, 4, 5, 8, 9, 9, 6, 1, 2]
+    ix = SuffixIndex()
+    d = ix.open(text)
+    # anchor 3 after [1, 2]: the match [1, 2, 3] (3 tokens) allows alpha x 3 drafts
+    assert ix.propose(ix.last[d], len(text), 3, 16, own=d) == ([4, 5, 8], 3, 3.0)
+    assert ix.propose(ix.last[d], len(text), 3, 16, own=d, alpha=2.0) == ([4, 5, 8, 9, 9, 6], 3, 6.0)
+    assert ix.propose(ix.last[d], len(text), 3, 2, own=d)[0] == [4, 5]  # capped by n
+
+
+def test_periodic_text_extends_itself():
+    text = [1, 2, 3, 1, 2, 3, 1, 2]
+    ix = SuffixIndex()
+    d = ix.open(text)
+    # text + anchor 3 ends in [1, 2, 3, 1, 2, 3] (6 tokens, at 0..5): its continuation runs past
+    # the text into the anchor and the drafts themselves
+    assert ix.propose(ix.last[d], len(text), 3, 16, own=d) == ([1, 2, 3, 1, 2, 3], 6, 6.0)
+
+
+def test_propose_stops_below_the_minimum_probability():
+    text = [1, 2, 3, 1, 2, 3, 1, 2, 4, 1]
+    ix = SuffixIndex()
+    d = ix.open(text)
+    # anchor 2 after [1]: [1, 2] was followed by 3 twice and by 4 once -> 3 at 2/3, then 1 at 2/3
+    toks, match, score = ix.propose(ix.last[d], len(text), 2, 8, own=d)
+    assert (toks, match) == ([3, 1], 2) and score == pytest.approx(4 / 3)
+    assert ix.propose(ix.last[d], len(text), 2, 8, own=d, min_prob=0.7)[0] == []
+    assert ix.propose(ix.last[d], len(text), 9, 8, own=d)[0] == []  # never seen
+
+
+def test_lookup_drafts_from_the_shared_index_of_earlier_requests():
+    shared = SuffixIndex()
+    first = SuffixLookup(shared)
+    first.reset([5, 6])  # an earlier request: its output enters the shared index
+    first.extend([10, 11, 12, 13, 14, 15])
+    assert shared.docs[first.shared_doc] == [10, 11, 12, 13, 14, 15]
+    lk = SuffixLookup(shared)
+    lk.reset([5, 10, 11])
+    assert lk.propose(12, 8) == ([13, 14, 15], 3)  # [10, 11, 12] matched, 3 drafts
+    assert SuffixLookup(None).propose(12, 8) == ([], 0)
+    alone = SuffixLookup(None)
+    alone.reset([5, 10, 11])
+    assert alone.propose(12, 8) == ([], 0)  # only the shared index knew
+
+
+def test_lookup_takes_the_better_scored_proposal():
+    shared = SuffixIndex()
+    shared.open([1, 2, 9, 9])  # one earlier answer: 1 2 -> 9 9
+    lk = SuffixLookup(shared, alpha=2.0)
+    lk.reset([1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1])  # this request twice says 1 2 -> 3 4
+    # local: [0, 1, 2] ... matched 5 long, 8 drafts for sure; shared: [1, 2] -> 9 9, 2 drafts
+    assert lk.propose(2, 8) == ([3, 4, 0, 1, 2, 3, 4, 0], 5)
+    lk.reset([5, 1])  # nothing here: the earlier answer drafts
+    assert lk.propose(2, 8) == ([9, 9], 2)
+
+
+def test_match_buckets():
+    assert [match_bucket(m) for m in (0, 1, 4, 5, 7, 8, 15, 16, 31, 32, 500)] == [0, 1, 4, 5, 5, 8, 8, 16, 16, 32, 32]
