@@ -60,7 +60,7 @@ def _bench(a, s, blas_msg) -> int:
     wanted = []
     for i, p in enumerate(s["drafts"]):
         wanted += [dict(path=p, kind="auto", policy=pol) for pol in s["policies"]]
-        if i == 0 and s["ngram"]:
+        if s["ngram"]:  # each drafter with prompt lookup beside it (the default configuration)
             wanted.append(dict(path=p, kind="auto", policy="adaptive", ngram=True))
     if s["drafts"] and s["random"]:
         wanted.append(dict(path=s["drafts"][0], kind="auto", policy="adaptive", random=True))

@@ -55,6 +55,18 @@ def random_weights(spec, path, target):
     survive (a drafter that is never right must cost at most a few percent)."""
     model, cfg = load_drafter(path, target.info)
     mx.random.seed(0)
+    if cfg.lineage == "eagle3":
+        from mlxspec.drafters.eagle3 import Eagle3Model
+        from mlxspec.engine.eagle3 import Eagle3Drafter
+
+        rnd = Eagle3Model(cfg)
+        if cfg.reduced_vocab:
+            rnd.d2t = model.d2t
+        mx.eval(rnd.parameters())
+        n = spec.num_draft_tokens
+        return Speculator(drafter_factory=lambda t: Eagle3Drafter(rnd, cfg, t, n), spec_type=spec.spec_type,
+                          p_min=None, schedule=False, num_draft_tokens=n,
+                          description=f"{spec.description} (random weights)", policy=spec.policy)
     rnd = DFlashModel(cfg)
     if cfg.draft_vocab_size:
         rnd.d2t = model.d2t

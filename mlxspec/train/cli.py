@@ -229,9 +229,11 @@ def cmd_train(a) -> int:
     check_blas()
     target, tok = load_target(a.model)
     n_layers = target.info.num_layers
-    if a.taps is None and a.lineage == "eagle3":
+    if a.taps is None and a.lineage == "eagle3" and n_layers >= 6:
         from mlxspec.drafters.eagle3 import default_taps as eagle3_taps
-        taps = eagle3_taps(n_layers)
+        taps = eagle3_taps(n_layers)  # the references' default: inputs of layers 2, N//2, N-3
+    elif a.taps is None and a.lineage == "eagle3":
+        taps = default_taps(n_layers, 3)  # too shallow for the references' default
     else:
         taps = default_taps(n_layers) if a.taps is None else [int(x) for x in a.taps.split(",")]
     check_taps(taps, n_layers)
