@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 from safetensors import SafetensorError, safe_open
 
-from mlxspec.drafters.formats import dir_format
-from mlxspec.drafters.load import load_drafter
+from mlxspec.drafters.formats import dir_format, read_drafter
+from mlxspec.drafters.load import load_drafter, load_eagle3
 from mlxspec.drafters.registry import describe, identify
 from mlxspec.errors import MlxspecError
 from mlxspec.gguf.file import read_gguf
@@ -306,6 +306,41 @@ def _drafter_view(path: str, lines: list[str], problems: list[str]) -> None:
             lines.append(f"  loader: {ln.strip()}")
 
 
+EAGLE3_FORMATS = ("speculators-eagle3", "specforge")
+
+
+def _eagle3_view(path: str, lines: list[str], problems: list[str]) -> None:
+    """EAGLE-3 chain drafters: the taps as outputs of layers and as the file writes them. A file
+    without tap ids takes the target's default, which depends on the target's depth: shown so."""
+    try:
+        with capture() as log:
+            raw = read_drafter(path)
+            cfg = load_eagle3(raw, None)[1] if raw.cfg.target_layer_ids else raw.cfg
+    except MlxspecError as e:
+        problems.append(str(e))
+        return
+    lines.append(f"  role: drafter (eagle3), format {cfg.source_format}")
+    if cfg.target_layer_ids:
+        lines.append(f"  taps (target layer outputs): {', '.join(map(str, cfg.target_layer_ids))}; in the file: "
+                     f"{', '.join(map(str, cfg.file_layer_ids))} ({cfg.tap_convention} ids)")
+    else:
+        lines.append("  taps (target layer outputs): none in the file: the target's default (inputs of layers 2, "
+                     "N//2, N-3), resolved against the target at load")
+    vocab = (f"draft vocab {cfg.draft_vocab_size} of {cfg.vocab_size} (d2t)" if cfg.reduced_vocab
+             else f"vocab {cfg.vocab_size} (no reduced draft vocabulary)")
+    lines.append(
+        f"  dims: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, heads {cfg.num_attention_heads} "
+        f"(kv {cfg.num_key_value_heads}, head_dim {cfg.head_dim}), ffn {cfg.intermediate_size}; fc takes "
+        f"{cfg.n_taps} x {cfg.target_hidden_size}; {vocab}")
+    lines.append(
+        f"  chain: up to {cfg.max_drafts} drafts per step; norm_before_residual="
+        f"{'true' if cfg.norm_before_residual else 'false'}; own embedding: "
+        f"{'yes' if cfg.has_embed else 'no (uses the target embedding)'}")
+    for ln in log:
+        if ln.strip():
+            lines.append(f"  loader: {ln.strip()}")
+
+
 # ----------------------------------------------------------------------------- directories
 
 def _safetensors_table(d: Path) -> list[tuple[str, str, tuple]]:
@@ -358,11 +393,12 @@ def _inspect_dir(d: Path) -> str:
     _section(lines, "mlxspec")
 
     try:
-        dir_format(config, str(d))
-        is_drafter = True
+        fmt = dir_format(config, str(d))
     except MlxspecError:
-        is_drafter = False
-    if is_drafter:
+        fmt = None
+    if fmt in EAGLE3_FORMATS:
+        _eagle3_view(str(d), lines, problems)
+    elif fmt is not None:
         _drafter_view(str(d), lines, problems)
     else:
         _dir_target_view(d, config, rows, lines, problems)

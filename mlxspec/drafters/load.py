@@ -327,6 +327,11 @@ def eagle3_taps(cfg: Eagle3Config, info: TargetInfo | None, path: str) -> tuple[
     taps, source = cfg.target_layer_ids, f"file ({cfg.tap_convention} ids)"
     if not taps:
         taps, source = tuple(default_taps(n)), f"default for a {n}-layer target (inputs of layers 2, N//2, N-3)"
+        if len(set(taps)) < len(taps) or min(taps) < 0:  # below 7 layers they repeat (the target taps each once)
+            raise MlxspecError(
+                f"{path}: the file names no tap ids, and the default taps for a {n}-layer target (outputs of layers "
+                f"{', '.join(map(str, taps))}) repeat or leave the target: the defaults need at least 7 layers; use a "
+                "drafter whose config.json names its taps (eagle_aux_hidden_state_layer_ids)")
         cfg = replace(cfg, target_layer_ids=taps)
     if len(taps) != cfg.n_taps:
         raise MlxspecError(f"{path}: fc.weight fuses {cfg.n_taps} taps but {len(taps)} tap ids apply; {FIX_E3}")

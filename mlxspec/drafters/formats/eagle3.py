@@ -208,6 +208,8 @@ def claim(path: str, cfg: Eagle3Config, tensors: dict) -> dict:
         msgs.append(f"{len(unclaimed)} tensor(s) not claimed by the EAGLE-3 drafter its config describes: "
                     + ", ".join(sorted(unclaimed)[:12]))
     if missing:
+        if cfg.source_format == "specforge":  # named as SpecForge's layout names them
+            missing = ["midlayer." + m[len("layers.0."):] if m.startswith("layers.0.") else m for m in missing]
         why = " (reduced draft vocabulary: d2t)" if "d2t" in missing else ""
         msgs.append("missing tensor(s): " + ", ".join(sorted(missing)[:12]) + why)
     if bad:
