@@ -233,7 +233,7 @@ def test_spec_config_from_flags_equals_the_api_one():
 
 @pytest.mark.parametrize("kw, msg", [
     (dict(spec_type="draft-foo"), "--spec-type 'draft-foo' is not one of auto, draft-dflash, draft-dspark, draft-dflash2, "
-                                  "draft-simple, ngram, none"),
+                                  "draft-eagle3, draft-simple, ngram, none"),
     (dict(policy="sometimes"), "--verify-policy 'sometimes' is not one of adaptive, fixed"),
     (dict(draft=""), "--draft is empty: pass a .gguf file, a directory or a Hugging Face repo id, 'auto' or 'none'"),
     (dict(draft=3), "draft=3: pass a path (or a Hugging Face repo id) as a string, or None"),

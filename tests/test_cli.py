@@ -338,7 +338,7 @@ def test_bad_flag_value():
 def test_unknown_spec_type(tiny_gguf):
     r = run("generate", "--model", tiny_gguf, "--spec-type", "draft-foo", "--prompt", "hi")
     assert_user_error(r, "mlxspec: error: --spec-type 'draft-foo' is not one of auto, draft-dflash, draft-dspark, "
-                         "draft-dflash2, draft-simple, ngram, none")
+                         "draft-dflash2, draft-eagle3, draft-simple, ngram, none")
 
 
 def test_no_prompt(tiny_gguf):

@@ -203,7 +203,7 @@ def test_no_warning_when_request_agrees(files, requested):
 def test_unknown_requested_type():
     with pytest.raises(MlxspecError) as e:
         load_drafter("/nonexistent", requested="eagle3")
-    assert str(e.value) == "unknown drafter type 'eagle3'; use one of: auto, draft-dflash, draft-dspark, draft-dflash2"
+    assert str(e.value) == "unknown drafter type 'eagle3'; use one of: auto, draft-dflash, draft-dspark, draft-dflash2, draft-eagle3"
 
 
 def test_init_line_exact_and_on_stderr(files, capsys):
