@@ -27,6 +27,7 @@ from mlxspec.engine.loop import SpecStats, generate_steps
 from mlxspec.engine.ngram import LookupBlockDrafter, NgramDrafter
 from mlxspec.engine.policy import FixedLength, LengthPolicy, PolicyMemory, VerifyPolicy, compose
 from mlxspec.engine.profile import verify_profile
+from mlxspec.engine.suffix import SuffixIndex, SuffixLookup
 from mlxspec.engine.verify import SamplingParams
 from mlxspec.errors import MlxspecError
 from mlxspec.logger import say
@@ -36,6 +37,8 @@ from mlxspec.validate import check_prompt_ids, check_sampling_args, check_spec_a
 
 SPEC_TYPES = ("auto", "draft-dflash", "draft-dspark", "draft-dflash2", "draft-eagle3", "draft-simple", "ngram", "none")
 VERIFY_POLICIES = ("adaptive", "fixed")
+LOOKUPS = ("ngram", "suffix")
+SUFFIX_BUDGET = 65536  # tokens in a speculator's shared suffix index (~50 MB in CPython)
 SHIPPED = Path(__file__).parent / "weights"
 
 
@@ -54,7 +57,10 @@ class SpecConfig:
     draft: a drafter path (dir or .gguf) or hub id, "auto" (`resolve_auto_draft`), or None /
     "none" (no drafter; spec_type "none" means the same). policy: "adaptive" | "fixed" | None
     (adaptive unless block_size, num_draft_tokens or schedule pins the length). ngram: prompt
-    lookup beside a block drafter (--ngram; on by default). shard: None (one process), or the
+    lookup beside a block drafter (--ngram; on by default). lookup: what the model-free lookup
+    is (--lookup): "ngram" (prompt lookup, the default) or "suffix" (suffix drafting,
+    `mlxspec.engine.suffix`: also from the speculator's earlier requests, up to suffix_budget
+    tokens of their outputs; 0: this request only). shard: None (one process), or the
     target sharded over the ranks of an `mlx.launch` job (`--ranks`): a
     `mlxspec.distributed.Sharding`, which `load` asks for the target with
     `shard.load_target(model) -> (target, tokenizer, speculates)`."""
@@ -68,6 +74,8 @@ class SpecConfig:
     policy: str | None = None
     ngram: bool = True
     shard: object = None
+    lookup: str = "ngram"
+    suffix_budget: int = SUFFIX_BUDGET
 
     def __post_init__(self):
         d = self.draft
@@ -80,6 +88,10 @@ class SpecConfig:
         check_spec_args(self.block_size, self.num_draft_tokens, self.p_min)
         if self.policy is not None and self.policy not in VERIFY_POLICIES:
             raise MlxspecError(f"--verify-policy {self.policy!r} is not one of {', '.join(VERIFY_POLICIES)}")
+        if self.lookup not in LOOKUPS:
+            raise MlxspecError(f"--lookup {self.lookup!r} is not one of {', '.join(LOOKUPS)}")
+        if not isinstance(self.suffix_budget, int) or self.suffix_budget < 0:
+            raise MlxspecError(f"--suffix-budget {self.suffix_budget!r}: pass a number of tokens >= 0 (0: no shared index)")
         if self.shard is not None and not callable(getattr(self.shard, "load_target", None)):
             raise MlxspecError(f"shard={self.shard!r}: pass a mlxspec.distributed.Sharding(mode=..., check=..., "
                                "timeout=...), or None for one process")
@@ -111,9 +123,24 @@ class Speculator:
     # fixed: always the full block / num_draft_tokens (--schedule and p_min apply)
     policy: str = "adaptive"
     memory: PolicyMemory = field(default_factory=PolicyMemory, repr=False, compare=False)
+    # suffix drafting's shared index: what this speculator's requests generated, so that each
+    # request drafts from the earlier ones too (None: each request only from itself)
+    suffix: SuffixIndex | None = field(default_factory=lambda: SuffixIndex(SUFFIX_BUDGET), repr=False, compare=False)
 
-    def make_drafter(self, target):
-        return self.drafter_factory(target) if self.drafter_factory else NoDrafter()
+    def make_drafter(self, target, shared=None):
+        """A new drafter for one request (a suffix lookup drafts from `shared`, default: this
+        speculator's own shared index)."""
+        d = self.drafter_factory(target) if self.drafter_factory else NoDrafter()
+        self.use_shared(d, self.suffix if shared is None else shared)
+        return d
+
+    @staticmethod
+    def use_shared(drafter, shared: SuffixIndex | None) -> None:
+        """Point a drafter's suffix lookup (if it has one) at a shared index: the server keeps
+        one per API key and sets it per request on its pooled drafters."""
+        index = getattr(drafter, "index", None)
+        if isinstance(index, SuffixLookup):
+            index.shared = shared
 
     @classmethod
     def build(cls, config: SpecConfig, target, *, model: str | None = None, log=None) -> "Speculator":
@@ -234,11 +261,15 @@ def _build(sc: SpecConfig, draft: str | None, spec_type: str, target: Target, lo
     """The speculator for a resolved drafter path and spec type (`--draft auto` already decided)."""
     block_size, num_draft_tokens, p_min, schedule, ngram = sc.block_size, sc.num_draft_tokens, sc.p_min, sc.schedule, sc.ngram
     policy = sc.verify_policy
+    suffix = sc.lookup == "suffix"
+    index = (lambda: SuffixLookup()) if suffix else (lambda: None)  # None: the drafters' NgramIndex
+    shared = {"suffix": SuffixIndex(sc.suffix_budget) if suffix and sc.suffix_budget else None}
     if spec_type == "ngram":
-        n = num_draft_tokens or 8
+        n = num_draft_tokens or (16 if suffix else 8)
         vocab = target.info.vocab_size
-        return Speculator(drafter_factory=lambda t: NgramDrafter(vocab, n), spec_type="ngram", p_min=None, schedule=False, num_draft_tokens=n,
-                          description=f"ngram prompt lookup n={n}", policy=policy)
+        return Speculator(drafter_factory=lambda t: NgramDrafter(vocab, n, index=index()), spec_type=sc.lookup, p_min=None,
+                          schedule=False, num_draft_tokens=n, policy=policy, **shared,
+                          description=f"{'suffix' if suffix else 'ngram prompt'} lookup n={n}")
     if spec_type == "none" or (draft is None and spec_type == "auto"):
         return Speculator()
     if draft is None:
@@ -274,9 +305,9 @@ def _build(sc: SpecConfig, draft: str | None, spec_type: str, target: Target, lo
         p_min, schedule = None, False
     bs = block_size or cfg.block_size
     if ngram:
-        return Speculator(drafter_factory=lambda t: LookupBlockDrafter(BlockDrafter(dmodel, t, bs), t.info.vocab_size),
-                          spec_type=f"draft-{cfg.lineage}+ngram", p_min=p_min, schedule=schedule, num_draft_tokens=None,
-                          description=f"{cfg.lineage}+ngram {Path(draft).name} block={bs}", policy=policy)
+        return Speculator(drafter_factory=lambda t: LookupBlockDrafter(BlockDrafter(dmodel, t, bs), t.info.vocab_size, index=index()),
+                          spec_type=f"draft-{cfg.lineage}+{sc.lookup}", p_min=p_min, schedule=schedule, num_draft_tokens=None,
+                          description=f"{cfg.lineage}+{sc.lookup} {Path(draft).name} block={bs}", policy=policy, **shared)
     return Speculator(drafter_factory=lambda t: BlockDrafter(dmodel, t, bs), spec_type=f"draft-{cfg.lineage}", p_min=p_min, schedule=schedule, num_draft_tokens=None,
                       description=f"{cfg.lineage} {Path(draft).name} block={bs}", policy=policy)
 

@@ -36,6 +36,13 @@ def add_model_args(p):
     p.add_argument("--ngram", action=argparse.BooleanOptionalAction, default=True,
                    help="block drafters: also propose prompt-lookup (n-gram) continuations, the adaptive policy "
                         "picks per step (default on; --no-ngram turns it off)")
+    p.add_argument("--lookup", choices=api.LOOKUPS, default="ngram",
+                   help="what the model-free lookup is (--spec-type ngram, and beside a block drafter): ngram (default) = "
+                        "prompt lookup; suffix = suffix drafting, from the longest earlier match in this request and in "
+                        "the earlier requests' outputs (one shared index per speculator; per API key in serve)")
+    p.add_argument("--suffix-budget", type=int, default=api.SUFFIX_BUDGET,
+                   help=f"--lookup suffix: tokens of earlier outputs kept, least recently used dropped first "
+                        f"(default {api.SUFFIX_BUDGET}; 0: each request drafts only from itself)")
 
 
 def spec_config(a) -> api.SpecConfig:
@@ -43,7 +50,7 @@ def spec_config(a) -> api.SpecConfig:
     --spec-type none mean no drafter)."""
     return api.SpecConfig(draft=a.draft, spec_type=a.spec_type, block_size=a.block_size,
                           num_draft_tokens=a.num_draft_tokens, p_min=a.p_min, schedule=a.schedule,
-                          policy=a.verify_policy, ngram=a.ngram)
+                          policy=a.verify_policy, ngram=a.ngram, lookup=a.lookup, suffix_budget=a.suffix_budget)
 
 
 def add_sampling_args(p):

@@ -10,6 +10,8 @@ import pytest
 
 from mlxspec.engine.suffix import Matcher, SuffixIndex, SuffixLookup, match_bucket
 
+from test_engine import tiny  # noqa: F401  (a fixture)
+
 
 def brute_continuations(docs: list[list[int]], context: list[int]) -> tuple[int, dict[int, int]]:
     """The longest suffix of context followed by some token in some document -> (its
@@ -192,10 +194,10 @@ def test_propose_stops_below_the_minimum_probability():
 
 def test_lookup_drafts_from_the_shared_index_of_earlier_requests():
     shared = SuffixIndex()
-    first = SuffixLookup(shared)
-    first.reset([5, 6])  # an earlier request: its output enters the shared index
+    first = SuffixLookup(shared, prompt_tail=2)
+    first.reset([4, 5, 6])  # an earlier request: its output (after its prompt's tail) enters the shared index
     first.extend([10, 11, 12, 13, 14, 15])
-    assert shared.docs[first.shared_doc] == [10, 11, 12, 13, 14, 15]
+    assert shared.docs[first.shared_doc] == [5, 6, 10, 11, 12, 13, 14, 15]
     lk = SuffixLookup(shared)
     lk.reset([5, 10, 11])
     assert lk.propose(12, 8) == ([13, 14, 15], 3)  # [10, 11, 12] matched, 3 drafts
@@ -208,7 +210,7 @@ def test_lookup_drafts_from_the_shared_index_of_earlier_requests():
 def test_lookup_takes_the_better_scored_proposal():
     shared = SuffixIndex()
     shared.open([1, 2, 9, 9])  # one earlier answer: 1 2 -> 9 9
-    lk = SuffixLookup(shared, alpha=2.0)
+    lk = SuffixLookup(shared, alpha=2.0, prompt_tail=0)
     lk.reset([1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1])  # this request twice says 1 2 -> 3 4
     # local: [0, 1, 2] ... matched 5 long, 8 drafts for sure; shared: [1, 2] -> 9 9, 2 drafts
     assert lk.propose(2, 8) == ([3, 4, 0, 1, 2, 3, 4, 0], 5)
@@ -218,3 +220,59 @@ def test_lookup_takes_the_better_scored_proposal():
 
 def test_match_buckets():
     assert [match_bucket(m) for m in (0, 1, 4, 5, 7, 8, 15, 16, 31, 32, 500)] == [0, 1, 4, 5, 5, 8, 8, 16, 16, 32, 32]
+
+
+# ----------------------------------------------------------------------------- the engine with suffix drafting
+
+def test_greedy_suffix_drafting_equals_autoregressive_and_learns_from_earlier_requests(smollm2):
+    from mlxspec.engine.drafting import BlockDrafter
+    from mlxspec.engine.loop import SpecStats
+    from mlxspec.engine.ngram import LookupBlockDrafter, NgramDrafter
+    from mlxspec.engine.policy import VerifyPolicy
+    from test_engine import random_drafter, run
+
+    target, tok = smollm2
+    V = target.info.vocab_size
+    ids = tok.encode("Write the numbers from one to twenty in words, separated by commas:", add_special_tokens=False)
+    ar = run(target, ids, max_tokens=24)
+    shared = SuffixIndex(1000)
+    accepted = []
+    for _ in range(2):  # the second request drafts from the first one's answer
+        st = SpecStats()
+        assert run(target, ids, NgramDrafter(V, 16, index=SuffixLookup(shared)), max_tokens=24, stats=st) == ar
+        accepted.append(st.accepted)
+    assert accepted[1] >= 20 and accepted[1] > accepted[0]
+    block = BlockDrafter(random_drafter(target.info, block=4, taps=(1, 10, 20)), target)
+    d = LookupBlockDrafter(block, V, index=SuffixLookup(shared))
+    st = SpecStats()
+    assert run(target, ids, d, max_tokens=24, stats=st, policy=VerifyPolicy([1.0, 1.1, 1.2, 1.3, 1.4], 4)) == ar
+    assert st.by_source.get("lookup", [0, 0])[1] > 0
+
+
+def test_sampling_with_a_shared_suffix_index_is_lossless(tiny):  # noqa: F811  (the fixture)
+    """Every sample drafts from the earlier samples' outputs (a small budget: evictions and
+    rebuilds happen between them); the sampled sequences keep the target's distribution."""
+    import numpy as np
+
+    from mlxspec.engine.loop import SpecStats, generate_steps
+    from mlxspec.engine.ngram import NgramDrafter
+    from mlxspec.engine.policy import VerifyPolicy
+    from mlxspec.engine.verify import SamplingParams
+    from test_engine import N_TOKENS, TINY_PROMPT, V, distribution_check, exact_distribution
+
+    target, _, _ = tiny
+    sp = SamplingParams(temperature=1.0)
+    shared = SuffixIndex(budget=64)
+    out, st = [], SpecStats()
+    for seed in range(1500):
+        d = NgramDrafter(V, 3, index=SuffixLookup(shared, prompt_tail=2))
+        pol = VerifyPolicy([1.0, 1.05, 1.1, 1.15], 3, probe_every=2) if seed % 2 else None
+        toks = [t for s in generate_steps(target, TINY_PROMPT, drafter=d, max_tokens=N_TOKENS, sampling=sp, seed=seed,
+                                          policy=pol, stats=st) for t in s]
+        assert len(toks) == N_TOKENS
+        out.append(toks)
+    res = distribution_check(np.array(out), exact_distribution(target, TINY_PROMPT, sp, N_TOKENS))
+    bad = {k: v for k, v in res.items() if v[0] > v[1]}
+    assert not bad, f"speculative sampling differs from the target's distribution: {bad}"
+    assert shared.generation > 0 and len(shared) <= 64
+    assert st.drafted > 1000 and st.accepted > 100  # it did draft from the earlier samples

@@ -8,6 +8,11 @@ do. The proposal costs a dictionary lookup, no forward.
 
 Also `LookupBlockDrafter`: a block drafter plus lookup; the engine's policy picks, per
 step and from history only, the lookup's tokens or the block drafter's.
+
+Both drafters take the lookup index they use (`index`): `NgramIndex` by default, or
+`mlxspec.engine.suffix.SuffixLookup` (suffix drafting: longer matches, counts, and a shared
+index over earlier requests). An index has reset(tokens), extend(tokens) and
+propose(anchor, k) -> (tokens, match length).
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from mlxspec.engine.drafting import DraftOutput
 
 class NgramIndex:
     """Most recent end position of every n-gram (n_min..n_max) in a growing token list."""
+
+    name = "ngram"
 
     def __init__(self, n_min: int = 2, n_max: int = 4):
         if not 1 <= n_min <= n_max:
@@ -76,9 +83,10 @@ class NgramDrafter:
     taps: tuple = ()
     proposes_model_drafts, has_lookup = False, True  # draft() is the lookup itself
 
-    def __init__(self, vocab_size: int, max_drafts: int = 8, n_min: int = 2, n_max: int = 4):
+    def __init__(self, vocab_size: int, max_drafts: int = 8, n_min: int = 2, n_max: int = 4, index=None):
         self.vocab_size, self.max_drafts = vocab_size, max_drafts
-        self.index = NgramIndex(n_min, n_max)
+        self.index = NgramIndex(n_min, n_max) if index is None else index
+        self.name = self.index.name
 
     def begin(self, prompt_ids, prompt_taps):
         self.index.reset(prompt_ids)
@@ -103,14 +111,14 @@ class LookupBlockDrafter:
 
     proposes_model_drafts, has_lookup = True, True
 
-    def __init__(self, block, vocab_size: int, n_min: int = 2, n_max: int = 4):
+    def __init__(self, block, vocab_size: int, n_min: int = 2, n_max: int = 4, index=None):
         self.block = block
-        self.name = f"{block.name}+ngram"
+        self.index = NgramIndex(n_min, n_max) if index is None else index
+        self.name = f"{block.name}+{self.index.name}"
         self.taps = block.taps
         self.max_drafts = block.max_drafts
         self.chain = bool(getattr(block, "chain", False))  # a chain drafter's cost is per draft (policy)
         self.vocab_size = vocab_size
-        self.index = NgramIndex(n_min, n_max)
 
     @property
     def ctx_len(self):

@@ -338,11 +338,20 @@ class Matcher:
 class SuffixLookup:
     """Suffix drafting for one request, with `NgramIndex`'s interface: an index over the prompt
     and the generated tokens, and `shared` (a `SuffixIndex` over earlier requests' outputs; this
-    request's output joins it as it is generated) consulted the same way."""
+    request's output joins it as it is generated) consulted the same way.
+
+    The request's document in the shared index starts with the prompt's last `prompt_tail`
+    tokens (the end of the question, not the whole prompt: that is in the request's own index,
+    and prompts would fill the budget with copies of one conversation), so that the start of
+    an answer is found again from the same question. `shared` may be replaced between requests
+    (the server: one per API key)."""
+
+    name = "suffix"
 
     def __init__(self, shared: SuffixIndex | None = None, *, alpha: float = 1.0, min_prob: float = 0.1,
-                 max_depth: int = 64):
+                 max_depth: int = 64, prompt_tail: int = 16):
         self.shared, self.alpha, self.min_prob, self.max_depth = shared, alpha, min_prob, max_depth
+        self.prompt_tail = prompt_tail
         self.reset(())
 
     @property
@@ -354,9 +363,10 @@ class SuffixLookup:
         self.doc = self.local.open(tokens)
         self.shared_doc, self.matcher = None, None
         if self.shared is not None:
-            self.shared_doc = self.shared.open()  # outputs only: the prompt is in the local index
+            tokens = [int(t) for t in tokens]
             self.matcher = Matcher(self.shared, self.max_depth)
             self.matcher.feed(tokens)
+            self.shared_doc = self.shared.open(tokens[-self.prompt_tail:] if self.prompt_tail else ())
 
     def extend(self, tokens) -> None:
         tokens = [int(t) for t in tokens]
