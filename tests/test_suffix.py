@@ -276,3 +276,99 @@ def test_sampling_with_a_shared_suffix_index_is_lossless(tiny):  # noqa: F811  (
     assert not bad, f"speculative sampling differs from the target's distribution: {bad}"
     assert shared.generation > 0 and len(shared) <= 64
     assert st.drafted > 1000 and st.accepted > 100  # it did draft from the earlier samples
+
+
+# ----------------------------------------------------------------------------- where the shared index lives
+
+def _chat_ids(tok, text: str) -> list[int]:
+    from mlxspec.tokenizer import apply_chat_template
+
+    return tok.encode(apply_chat_template(tok, [{"role": "user", "content": text}]), add_special_tokens=False)
+
+
+def test_one_speculator_drafts_a_repeated_request_from_its_first_answer(smollm2):
+    """The Python API: a speculator's requests share one suffix index, so the same request
+    a second time is drafted from the first answer (the adaptive policy, as by default)."""
+    from mlxspec import api
+
+    target, tok = smollm2
+    spec = api.Speculator.build(api.SpecConfig(spec_type="ngram", lookup="suffix", policy="adaptive",
+                                               num_draft_tokens=8), target)
+    prompt = _chat_ids(tok, "Explain in two sentences why the sky is blue.")
+    runs = []
+    for _ in range(2):
+        last = None
+        for r in api.stream_generate(target, tok, prompt, spec, max_tokens=40):
+            last = r
+        runs.append((last.stats.accepted, last.generation_tokens))
+    (first, n1), (second, n2) = runs
+    assert n1 == n2 == 40
+    assert second >= 25 and second >= first + 15, runs
+    assert len(spec.suffix) >= 40
+    other = api.Speculator.build(api.SpecConfig(spec_type="ngram", lookup="suffix", suffix_budget=0), target)
+    assert other.suffix is None  # budget 0: each request drafts only from itself
+
+
+def _ask(worker, ids, tenant, n=32):
+    """One greedy job on a running server worker -> (text, accepted drafts)."""
+    import asyncio
+    import time
+
+    from mlxspec.server.job import Job
+
+    async def go():
+        job = Job(ids=ids, max_tokens=n, temp=0.0, top_p=1.0, top_k=0, seed=0, stop=[], speculative=True,
+                  use_cache=False, deadline=time.perf_counter() + 600, loop=asyncio.get_running_loop(), tenant=tenant)
+        assert worker.try_submit(job)
+        text = ""
+        while True:
+            ev = await job.events.get()
+            if ev[0] == "text":
+                text += ev[1]
+            elif ev[0] == "done":
+                return text, ev[2]["mlxspec"]["accepted"]
+            else:
+                raise AssertionError(ev)
+    return asyncio.run(go())
+
+
+def test_server_keeps_one_suffix_index_per_api_key(smollm2, smollm2_path):
+    """Another key's text never raises this key's accepted drafts; with --suffix-share-keys it
+    does. The fixed policy makes the counts exact; the batched path (the default) runs them."""
+    from mlxspec import api
+    from mlxspec.server.worker import Worker
+
+    _, tok = smollm2
+    ids = _chat_ids(tok, "Explain in two sentences why the sky is blue.")
+    cfg = api.SpecConfig(spec_type="ngram", lookup="suffix", num_draft_tokens=8)
+    w = Worker(dict(model=None, config=cfg), 0, 4)
+    w.start()
+    try:
+        text0, cold = _ask(w, ids, tenant=0)
+        assert _ask(w, ids, tenant=1) == (text0, cold)  # key 1 is not drafted from key 0's answer
+        text, warm = _ask(w, ids, tenant=0)  # key 0 is
+        assert text == text0 and warm >= cold + 15
+        assert len(w.suffix_indexes()) == 2 and all(len(s) >= 32 for s in w.suffix_indexes())
+        metrics = w.metrics.render(0, None, w.suffix_indexes())
+        assert "mlxspec_suffix_indexes 2" in metrics and f"mlxspec_suffix_index_budget_tokens {api.SUFFIX_BUDGET}" in metrics
+        w.share_keys = True  # as --suffix-share-keys: key 1 now drafts from what key 0 sent through the shared index
+        _ask(w, ids, tenant=0)
+        assert _ask(w, ids, tenant=1) == (text0, warm)
+    finally:
+        w.stop()
+
+
+def test_several_api_keys_each_a_tenant():
+    from starlette.requests import Request
+
+    from mlxspec.server.errors import APIError
+    from mlxspec.server.params import check_key
+
+    def req(key):
+        return Request({"type": "http", "headers": [(b"authorization", f"Bearer {key}".encode())]})
+
+    assert check_key(None, req("x")) is None
+    assert check_key("a1", req("a1")) == 0
+    assert [check_key("a1,b2", req(k)) for k in ("a1", "b2")] == [0, 1]
+    with pytest.raises(APIError):
+        check_key("a1,b2", req("a1,b2"))

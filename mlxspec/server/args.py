@@ -14,7 +14,11 @@ def add_serve_args(p):
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--api-key", default=os.environ.get("MLXSPEC_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' (default: $MLXSPEC_API_KEY, else no key)")
+                   help="require 'Authorization: Bearer KEY' (default: $MLXSPEC_API_KEY, else no key); several keys "
+                        "separated by commas: each key's requests draft (--lookup suffix) only from that key's earlier ones")
+    p.add_argument("--suffix-share-keys", action="store_true",
+                   help="--lookup suffix: one suffix index for all API keys (default: one per key, so that no key's "
+                        "speed depends on what another key's requests said)")
     p.add_argument("--model-id", default=None, help="the name clients send as 'model' (default: the model file's stem)")
     p.add_argument("--prompt-cache-bytes", type=_size, default=_size("1G"),
                    help="memory for cached prompt prefixes (KV cache + drafter context), LRU; 0 disables (default 1G)")

@@ -20,7 +20,8 @@ def start_job(worker: Worker, timeout: float, request: Request, p: dict,
     and watch for the client leaving."""
     job = Job(ids=ids, max_tokens=p["max_tokens"], temp=p["temp"], top_p=p["top_p"], top_k=p["top_k"],
               seed=p["seed"], stop=p["stop"], speculative=p["speculative"], use_cache=p["use_cache"],
-              deadline=time.perf_counter() + timeout, loop=asyncio.get_running_loop())
+              deadline=time.perf_counter() + timeout, loop=asyncio.get_running_loop(),
+              tenant=getattr(request.state, "tenant", None))
     submitted = worker.try_submit(job)
     arrival = getattr(request.state, "arrival", None)
     if arrival is not None:

@@ -72,7 +72,8 @@ class Metrics:
                 self.forwards += stats.target_forwards
                 self.spec_generated += max(stats.generated - 1, 0)
 
-    def render(self, queue_depth: int, cache: PromptCache | None) -> str:
+    def render(self, queue_depth: int, cache: PromptCache | None, suffix=()) -> str:
+        """suffix: the server's suffix indexes (`Worker.suffix_indexes`)."""
         out = []
         tps = self.tokens_per_second()
 
@@ -120,6 +121,15 @@ class Metrics:
             if cache is not None:
                 metric("mlxspec_prompt_cache_bytes", "gauge", "Bytes held by the prompt cache.", [("", cache.nbytes)])
                 metric("mlxspec_prompt_cache_entries", "gauge", "Prompt cache entries.", [("", len(cache))])
+            if suffix:
+                metric("mlxspec_suffix_indexes", "gauge", "Suffix indexes of earlier outputs (--lookup suffix: one per "
+                       "API key, or one shared).", [("", len(suffix))])
+                metric("mlxspec_suffix_index_tokens", "gauge", "Tokens held by all suffix indexes.",
+                       [("", sum(len(s) for s in suffix))])
+                metric("mlxspec_suffix_index_max_tokens", "gauge", "Tokens held by the fullest suffix index.",
+                       [("", max(len(s) for s in suffix))])
+                metric("mlxspec_suffix_index_budget_tokens", "gauge", "Each suffix index's budget (least recently "
+                       "used outputs dropped beyond it).", [("", suffix[0].budget or 0)])
             name = "mlxspec_time_to_first_token_seconds"
             out.append(f"# HELP {name} Time from arrival to the first generated token.")
             out.append(f"# TYPE {name} histogram")

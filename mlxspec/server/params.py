@@ -94,14 +94,21 @@ def parse_messages(body: dict) -> list[dict]:
     return out
 
 
-def check_key(api_key: str | None, request: Request):
+def check_key(api_key: str | None, request: Request) -> int | None:
+    """The request's key -> which of the server's keys it is (--api-key KEY1,KEY2,...: 0, 1, ...),
+    or None when the server has no key; 401 when it matches none."""
     if not api_key:
-        return
+        return None
     auth = request.headers.get("authorization", "")
     given = auth[7:] if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")  # Anthropic's
-    if not hmac.compare_digest(given.encode(), api_key.encode()):
+    found = None
+    for i, key in enumerate(k for k in api_key.split(",") if k):
+        if hmac.compare_digest(given.encode(), key.encode()) and found is None:  # every key compared: no timing
+            found = i
+    if found is None:
         raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
                        "authentication_error", code="invalid_api_key")
+    return found
 
 
 async def read_json(request: Request, limit: int) -> dict:

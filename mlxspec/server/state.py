@@ -30,7 +30,9 @@ class Server:
         self.tool_markup = TOOL_OPEN in tmpl or TOOL_OPEN in tok.get_vocab()
 
     def check_key(self, request: Request):
-        params.check_key(self.api_key, request)
+        """401 unless the request carries one of the keys; which one is its tenant (its jobs draft
+        from that key's suffix index: `Worker.tenant_spec`)."""
+        request.state.tenant = params.check_key(self.api_key, request)
 
     async def read_json(self, request: Request) -> dict:
         return await params.read_json(request, self.a.max_body_bytes)

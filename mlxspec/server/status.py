@@ -23,5 +23,6 @@ async def models(server: Server, request: Request):
 
 async def metrics(server: Server, request: Request):
     server.check_key(request)
-    return PlainTextResponse(server.worker.metrics.render(server.worker.queue_depth, server.worker.cache),
+    w = server.worker
+    return PlainTextResponse(w.metrics.render(w.queue_depth, w.cache, w.suffix_indexes()),
                              media_type="text/plain; version=0.0.4")

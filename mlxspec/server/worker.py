@@ -23,10 +23,13 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import replace
 
 from mlxspec import api
 from mlxspec.engine.batch import SpecBatch, VerifyBudget
 from mlxspec.engine.batch_rows import check_batchable
+from mlxspec.engine.policy import PolicyMemory
+from mlxspec.engine.suffix import SuffixIndex
 from mlxspec.errors import MlxspecError
 from mlxspec.server.batched import BatchedRun
 from mlxspec.server.job import Job
@@ -57,8 +60,10 @@ class Arrival:
 
 class Worker:
     def __init__(self, load_kwargs: dict, prompt_cache_bytes: int, max_queue: int, log=sys.stderr,
-                 max_batch: int | None = None):
+                 max_batch: int | None = None, share_keys: bool = False):
         self.load_kwargs = load_kwargs
+        self.share_keys = share_keys
+        self.tenants: dict[int, api.Speculator] = {}  # API key -> its view of the speculator
         self.max_queue = max_queue
         self.max_batch = default_max_batch() if max_batch is None else max_batch
         self.log = log
@@ -151,6 +156,7 @@ class Worker:
                     print(f"mlxspec serve: --max-batch {self.max_batch}: {e}", file=self.log, flush=True)
             self.metrics.max_batch = self.max_batch if self.batch is not None else 1
             self.pool = [self.drafter]  # free drafters (their state is reset by `begin`)
+            self.spec.use_shared(self.drafter, SuffixIndex(256))  # the warm-up's text joins no one's index
             self._warm_up()
         except BaseException as e:  # noqa: BLE001 - reported by start()
             self.load_error = e
@@ -199,11 +205,30 @@ class Worker:
             return True
         return False
 
+    def tenant_spec(self, tenant: int | None) -> api.Speculator:
+        """The speculator a key's jobs run with: the server's, with that key's own suffix index
+        and policy memory (what earlier requests taught the adaptive policy), so that another
+        key's text never changes how this key's requests are drafted; the server's own with
+        --suffix-share-keys or without keys."""
+        if tenant is None or self.share_keys:
+            return self.spec
+        if tenant not in self.tenants:
+            budget = self.spec.suffix.budget if self.spec.suffix is not None else None
+            self.tenants[tenant] = replace(self.spec, memory=PolicyMemory(),
+                                           suffix=SuffixIndex(budget) if budget else None)
+        return self.tenants[tenant]
+
+    def suffix_indexes(self) -> list[SuffixIndex]:
+        """Every suffix index the server holds (for /metrics)."""
+        specs = list(self.tenants.values()) or [self.spec]
+        return [s.suffix for s in specs if s.suffix is not None]
+
     def job_setup(self, job: Job):
         """The job's drafter (wrapped for the prompt cache), its target cache and the cached count."""
-        spec = self.spec if job.speculative else self.api.Speculator()
+        spec = self.tenant_spec(job.tenant) if job.speculative else self.api.Speculator()
         if job.speculative:
             inner = self.pool.pop() if self.pool else self.spec.make_drafter(self.target)
+            spec.use_shared(inner, spec.suffix)
         else:
             inner = spec.make_drafter(self.target)
         need_taps = self.need_taps and job.speculative
