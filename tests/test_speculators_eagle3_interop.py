@@ -1,0 +1,179 @@
+"""vLLM's `speculators` 0.9.0 loads mlxspec's EAGLE-3 export (format "speculators-eagle3") with its
+own loader (`SpeculatorModel.from_pretrained` -> `Eagle3DraftModel`) and, with its own `forward`,
+gives the same draft logits and greedy chain as mlxspec's `Eagle3Drafter`.
+
+Compared (tests/speculators_eagle3_check.py drives speculators; its docstring says how):
+- the file loads whole: every tensor claimed under its own name with its own values, nothing the
+  model needs left at init (speculators fills lm_head / embed_tokens with NaN until loaded), the tap
+  ids speculators reads are mlxspec's taps + 1 (validated by speculators against the verifier's depth),
+  flags, layer class (Llama / Qwen3) and layer count as written;
+- the first draft's logits at EVERY prompt position (teacher-forced: speculators' step 0 over all
+  rows; mlxspec's Eagle3Drafter begun on each prefix), draft-vocabulary order, to 1e-4;
+- the greedy chain after the prompt and the anchor: ids exactly, each step's logits to 1e-4.
+  speculators' chain is its own: each draft is its forward's argmax, mapped by its d2t, fed back.
+
+Cases: tiny random drafters on tiny targets (reduced draft vocabulary and full, norm_before_residual
+true and false, one and two layers, embed_tokens in the file or taken from the verifier, a Qwen3
+layer with fc_norm and norm_output, norm_before_fc), and a random drafter on the real SmolLM2 target
+(its taps, its embedding in the file, a 2048-token draft vocabulary).
+
+speculators reads the verifier (`speculators_config.verifier.name_or_path`, a Hugging Face id) for
+its config (tap ids checked against its depth, hidden size compared) and its embedding / head /
+final norm, even when the file carries embed_tokens: `verifier_dir` writes those as an HF-style
+directory, used in the id's place (tests run offline). The venv is test_speculators_interop's
+(`.cache/venv-speculators`, made on first use; MLXSPEC_SPECULATORS_PYTHON overrides).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxspec.drafters.eagle3 import Eagle3Config, default_taps
+from mlxspec.drafters.load import load_drafter, save_drafter
+from mlxspec.engine.eagle3 import Eagle3Drafter
+from mlxspec.engine.verify import SamplingParams
+from test_eagle3 import eagle3_config, random_eagle3
+from test_speculators_interop import speculators_python  # noqa: F401 (the session fixture: speculators' venv)
+from tiny_targets import tiny_target
+
+pytestmark = pytest.mark.slow
+
+CHECK = Path(__file__).with_name("speculators_eagle3_check.py")
+PROMPT = [5, 17, 33, 2, 60, 41, 8]
+ATOL = 1e-4
+
+CASES = {
+    # name: (target arch, draft vocabulary, embed_tokens in the file, Eagle3Config overrides)
+    "llama-d2t-nbr-embed": ("llama", 48, True, dict(norm_before_residual=True)),
+    "llama-full-2layers-verifier-embed": ("llama", 64, False, dict(num_hidden_layers=2)),
+    "qwen3-d2t-fcnorm-normoutput": ("qwen3", 40, True, dict(qk_norm=True, fc_norm=True, norm_output=True)),
+    "llama-d2t-normbeforefc-2layers": ("llama", 56, False, dict(norm_before_fc=True, num_hidden_layers=2,
+                                                                 norm_before_residual=True)),
+}
+
+
+def verifier_dir(target, d: Path) -> Path:
+    """What speculators reads from the verifier: its config (depth, hidden size) and embedding,
+    head and final norm, as an HF-style directory."""
+    from mlxspec.targets.model import dense_weight, target_head_rows
+
+    info, c = target.info, target.config
+    config = {k: c[k] for k in ("intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                                "rms_norm_eps", "rope_theta", "tie_word_embeddings") if k in c}
+    config.update(architectures=["Qwen3ForCausalLM" if info.model_type == "qwen3" else "LlamaForCausalLM"],
+                  model_type=info.model_type, hidden_size=info.hidden_size, num_hidden_layers=info.num_layers,
+                  vocab_size=info.vocab_size)
+    d.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(d / "model.safetensors"), {
+        "model.embed_tokens.weight": dense_weight(target.inner.embed_tokens, mx.float32),
+        "lm_head.weight": target_head_rows(target, None),
+        "model.norm.weight": target.inner.norm.weight.astype(mx.float32)}, metadata={"format": "pt"})
+    (d / "config.json").write_text(json.dumps(config))
+    return d
+
+
+def both_sides(py, target, path: Path, prompt: list[int], n_drafts: int, tmp_path: Path, attn: str = "default"):
+    """mlxspec's first-draft logits at every prompt position and greedy chain, and speculators'."""
+    model, cfg = load_drafter(str(path), target.info, log=io.StringIO())
+    d = Eagle3Drafter(model, cfg, target)
+    logits, taps = target(mx.array([prompt]), target.make_cache(), taps=d.taps)
+    anchor = int(mx.argmax(logits[0, -1]).item())
+    ids = list(prompt) + [anchor]
+    sp, rng = SamplingParams(), np.random.default_rng(0)
+    first = []
+    for m in range(1, len(prompt) + 1):  # the first draft after each prefix, its next token as anchor
+        d.begin(prompt[:m], taps[:, :m])
+        first.append(np.asarray(d.draft(ids[m], 1, sp, rng).logits[0]))
+    d.begin(prompt, taps)
+    out = d.draft(anchor, n_drafts, sp, rng)
+    assert len(out.tokens) == n_drafts
+    npz = tmp_path / "inputs.npz"
+    np.savez(npz, taps=np.array(taps.astype(mx.float32)), next_ids=np.array(ids[1:]), n_drafts=np.array(n_drafts))
+    r = subprocess.run([py, str(CHECK), str(path), str(npz), str(verifier_dir(target, tmp_path / "verifier")), attn],
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return d, cfg, out, np.stack(first), json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def check_load(peer: dict, d: Eagle3Drafter, cfg: Eagle3Config, with_embed: bool) -> None:
+    assert peer["config_class"] == "Eagle3SpeculatorConfig" and peer["model_class"] == "Eagle3DraftModel"
+    assert peer["first_layer_class"] == ("Qwen3" if cfg.qk_norm else "Llama") + "DecoderEagle3FirstLayer"
+    assert peer["qk_norm"] == cfg.qk_norm and peer["layers"] == cfg.num_hidden_layers
+    assert peer["aux_hidden_state_layer_ids"] == [t + 1 for t in d.taps]  # speculators: hidden_states[k]
+    assert peer["use_draft_vocab"] == cfg.reduced_vocab and peer["norm_before_residual"] == cfg.norm_before_residual
+    assert peer["flags"] == {k: getattr(cfg, k) for k in ("norm_before_fc", "fc_norm", "norm_output")}
+    assert peer["speculative_tokens"] == cfg.max_drafts
+    assert peer["unclaimed"] == [] and peer["differ"] == [], peer  # every file tensor loaded as written
+    allowed = {"verifier_norm.weight", "verifier_lm_head.weight"} | (set() if with_embed else {"embed_tokens.weight"})
+    assert set(peer["not_from_file"]) <= allowed, peer["not_from_file"]
+    assert ("embed_tokens.weight" in peer["file_tensors"]) == with_embed
+    assert peer["all_finite"]  # nothing left at speculators' NaN init
+
+
+def compare(peer: dict, out, first: np.ndarray, label: str) -> float:
+    assert peer["forward_argmax_agrees"] and peer["rerun_max_diff"] <= 1e-5, peer["rerun_max_diff"]
+    theirs_first = np.array(peer["first_logits"], dtype=np.float32)
+    assert theirs_first.shape == first.shape
+    np.testing.assert_allclose(first, theirs_first, rtol=0, atol=ATOL, err_msg=f"{label}: first-draft logits")
+    assert peer["tokens"] == out.tokens, f"{label}: mlxspec {out.tokens} != speculators {peer['tokens']}"
+    theirs = np.array(peer["logits"], dtype=np.float32)
+    ours = np.asarray(out.logits)
+    assert theirs.shape == ours.shape
+    np.testing.assert_allclose(ours, theirs, rtol=0, atol=ATOL, err_msg=f"{label}: chain logits")
+    worst = max(float(np.abs(first - theirs_first).max()), float(np.abs(ours - theirs).max()))
+    print(f"{label}: chain {out.tokens}; max |logit difference| vs speculators {worst:.2e}")
+    return worst
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_tiny_eagle3_export_drafts_the_same_in_speculators(speculators_python, tmp_path, case):  # noqa: F811
+    arch, draft_vocab, with_embed, kw = CASES[case]
+    target = tiny_target(arch, seed=0)
+    cfg = eagle3_config(draft_vocab_size=draft_vocab, **kw)
+    path = tmp_path / "drafter"
+    save_drafter(random_eagle3(cfg, seed=21), cfg, path, "speculators-eagle3", target=target, with_embed=with_embed)
+    d, got_cfg, out, first, peer = both_sides(speculators_python, target, path, PROMPT, 6, tmp_path)
+    assert got_cfg.target_layer_ids == (0, 1, 2) and got_cfg.has_embed == with_embed
+    assert peer["attn_implementation"] == "simple_flex_attention"  # speculators' own default
+    assert peer["verifier"]["name_or_path"] == f"tiny-{arch}"  # as written (the target's source)
+    check_load(peer, d, got_cfg, with_embed)
+    compare(peer, out, first, case)
+
+
+def test_tiny_eagle3_export_eager_attention(speculators_python, tmp_path):  # noqa: F811
+    """The same drafts through speculators' dense-mask (eager) attention path."""
+    target = tiny_target("llama", seed=0)
+    cfg = eagle3_config(draft_vocab_size=48, norm_before_residual=True)
+    path = tmp_path / "drafter"
+    save_drafter(random_eagle3(cfg, seed=22), cfg, path, "speculators-eagle3", target=target, with_embed=True)
+    d, got_cfg, out, first, peer = both_sides(speculators_python, target, path, PROMPT, 6, tmp_path, attn="eager")
+    assert peer["attn_implementation"] == "eager"
+    check_load(peer, d, got_cfg, True)
+    compare(peer, out, first, "eager")
+
+
+def test_smollm2_eagle3_export_drafts_the_same_in_speculators(speculators_python, smollm2, tmp_path):  # noqa: F811
+    target, tok = smollm2
+    info = target.info
+    cfg = Eagle3Config(hidden_size=info.hidden_size, intermediate_size=512, num_hidden_layers=1,
+                       num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=info.vocab_size,
+                       draft_vocab_size=2048, target_hidden_size=info.hidden_size,
+                       target_layer_ids=tuple(default_taps(info.num_layers)), rms_norm_eps=1e-5,
+                       rope_theta=100000.0, norm_before_residual=True, max_drafts=5)
+    path = tmp_path / "drafter"
+    save_drafter(random_eagle3(cfg, seed=23, scale=0.05), cfg, path, "speculators-eagle3", target=target,
+                 with_embed=True)
+    prompt = tok.encode("def fibonacci(n):\n    ", add_special_tokens=False)
+    d, got_cfg, out, first, peer = both_sides(speculators_python, target, path, prompt, 5, tmp_path)
+    assert got_cfg.target_layer_ids == (1, 14, 26)
+    assert peer["verifier"] == {"name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                                "architectures": ["LlamaForCausalLM"]}
+    check_load(peer, d, got_cfg, True)
+    compare(peer, out, first, "smollm2")
