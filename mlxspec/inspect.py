@@ -151,11 +151,13 @@ def _inspect_gguf(p: Path) -> str:
         _gguf_target_view(g, lines, problems)
     elif arch in ("dflash", "dspark"):
         _drafter_view(str(p), lines, problems)
+    elif arch == "eagle3":
+        _eagle3_view(str(p), lines, problems)
     else:
         lines.append(f"  architecture: {arch!r}")
         problems.append(
             f"architecture '{arch}' is not supported: targets are {', '.join(SUPPORTED_ARCHS)}; "
-            "drafters are dflash / dspark GGUF files"
+            "drafters are dflash / dspark / eagle3 GGUF files"
         )
     _problems(lines, problems)
     return "\n".join(lines)
@@ -306,7 +308,7 @@ def _drafter_view(path: str, lines: list[str], problems: list[str]) -> None:
             lines.append(f"  loader: {ln.strip()}")
 
 
-EAGLE3_FORMATS = ("speculators-eagle3", "specforge")
+EAGLE3_FORMATS = ("speculators-eagle3", "specforge", "gguf-eagle3")
 
 
 def _eagle3_view(path: str, lines: list[str], problems: list[str]) -> None:

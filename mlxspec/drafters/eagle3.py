@@ -44,7 +44,8 @@ class Eagle3Config:
     target_hidden_size: int
     target_layer_ids: tuple  # "output of layer k" convention (HF hidden_states[k+1]); () = unresolved
     file_layer_ids: tuple | None = None  # the ids as the file writes them (None: the file has none)
-    tap_convention: str = "speculators"  # how the file counts: speculators (hidden_states index) | specforge (output of layer)
+    tap_convention: str = "speculators"  # how the file counts: speculators / llama.cpp (hidden_states index,
+    # the input of layer k) | specforge (output of layer)
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_scaling: dict | None = None  # llama3-style scaling of the inverse frequencies, when set

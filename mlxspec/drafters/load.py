@@ -356,7 +356,7 @@ FIX_E3 = "fix the drafter's config.json or download the drafter again"
 
 
 def _file_id(cfg: Eagle3Config, k: int) -> int:
-    return k + 1 if cfg.tap_convention == "speculators" else k
+    return k + 1 if cfg.tap_convention in ("speculators", "llama.cpp") else k  # layer-input ids
 
 
 def eagle3_init_line(cfg: Eagle3Config, taps_from: str) -> str:

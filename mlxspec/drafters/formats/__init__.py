@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from mlxspec.drafters.common import RawDrafter
-from mlxspec.drafters.formats import deepspec, eagle3, gguf, hf, speculators, zlab
+from mlxspec.drafters.formats import deepspec, eagle3, gguf, gguf_eagle3, hf, speculators, zlab
 from mlxspec.errors import MlxspecError
 from mlxspec.gguf.file import read_gguf
 from mlxspec.validate import require_regular_file
@@ -38,6 +38,8 @@ FORMATS = {
     "specforge": DrafterFormat("dir", eagle3.detect_specforge, eagle3.read_specforge, eagle3.write_specforge),
     "gguf": DrafterFormat("gguf", gguf.detect_dflash, gguf.read_gguf_drafter, gguf.write_dflash),
     "gguf-dspark-legacy": DrafterFormat("gguf", gguf.detect_legacy, gguf.read_gguf_drafter, gguf.write_legacy),
+    # llama.cpp's EAGLE-3 GGUF (`general.architecture = eagle3`): a RawEagle3 too
+    "gguf-eagle3": DrafterFormat("gguf", gguf_eagle3.detect, gguf_eagle3.read, gguf_eagle3.write),
 }
 
 

@@ -283,8 +283,8 @@ def detect_legacy(g: GGUFFile, path: str) -> bool:
 
 def not_a_drafter(g: GGUFFile, path: str) -> MlxspecError:
     return MlxspecError(
-        f"{path}: general.architecture = {g.architecture!r} is not a drafter (expected dflash or dspark); pass the "
-        "drafter GGUF, not the target"
+        f"{path}: general.architecture = {g.architecture!r} is not a drafter (expected dflash, dspark or eagle3); "
+        "pass the drafter GGUF, not the target"
     )
 
 
