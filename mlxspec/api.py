@@ -492,7 +492,8 @@ def make_policy(target: Target, drafter, spec: Speculator, temp: float = 0.0) ->
     fixed (at most num_draft_tokens), inside --schedule and --p-min."""
     if spec.policy == "adaptive" and drafter.max_drafts > 0:
         key = "greedy" if temp == 0 else f"temp={temp:g}"
-        base = spec.memory.policy(key, lambda: VerifyPolicy.from_profile(profile_for(target, drafter), drafter.max_drafts))
+        base = spec.memory.policy(key, lambda: VerifyPolicy.from_profile(profile_for(target, drafter), drafter.max_drafts,
+                                                                chain=bool(getattr(drafter, "chain", False))))
     else:
         base = FixedLength(spec.num_draft_tokens)
     return compose(base, p_min=spec.p_min, schedule=profile_for(target, drafter) if spec.schedule else None)

@@ -370,3 +370,21 @@ def test_verify_profile_is_keyed_by_the_blas_library_and_monotone(monkeypatch):
     sps = profile.measure_verify_sps(target, 6, context=16, repeats=2)
     assert sorted(sps) == list(range(1, 7))
     assert all(sps[L + 1] <= sps[L] for L in range(1, 6))
+
+
+def test_a_chain_drafter_drafts_only_the_length_that_pays():
+    """EAGLE-3 drafts one forward per token: the policy prices each draft and asks for only the
+    drafts that pay, where a block drafter (one forward for the whole block) drafts it all and
+    truncates afterwards. Verify cost flat; acceptance 0.6 per position."""
+    vt = [1.0] * 8
+    for chain, want_full in ((True, False), (False, True)):
+        pol = VerifyPolicy(vt, 7, chain=chain)
+        for _ in range(40):
+            pol.estimate(Source.DRAFTER).observe(7, 4)
+        pol.draft_time[Source.DRAFTER] = 0.15 if chain else 0.15 * 7  # per draft / per block
+        plan = pol.plan(7)
+        assert plan.source.kind is Kind.DRAFTER
+        assert (plan.n == 7) == want_full and 1 <= plan.n <= 7
+        # what it observes is per drafted token for a chain, per block otherwise
+        pol.observe(plan.source, plan.n, 0, draft_seconds=0.15 * plan.n)
+        assert pol.draft_time[Source.DRAFTER] == pytest.approx(0.15 if chain else 0.15 * 7 * 0.8 + 0.15 * 7 * 0.2)
