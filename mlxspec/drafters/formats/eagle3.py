@@ -288,8 +288,10 @@ def _tensors(model: Eagle3Model, cfg: Eagle3Config, target, path: str, fmt: str,
 
 def write_speculators(model: Eagle3Model, cfg: Eagle3Config, path: str, target=None, with_embed: bool = False) -> None:
     """vLLM speculators 0.9.0's layout (`Eagle3SpeculatorConfig`). with_embed: also write the
-    target's embedding as embed_tokens (speculators' own loader needs it when it has no verifier
-    weights at hand; vLLM, SGLang and mlxspec borrow the target's)."""
+    target's embedding as embed_tokens. vLLM, SGLang and mlxspec borrow the target's; speculators'
+    own loader (`SpeculatorModel.from_pretrained`) needs it in the file, verifier at hand or not:
+    without it embed_tokens keeps uninitialised memory (its NaN "not loaded" marker does not survive
+    transformers' meta-device loading; tests/test_speculators_eagle3_interop.py)."""
     info = getattr(target, "info", target)
     verifier = cfg.extra.get("verifier")
     if info is not None:
