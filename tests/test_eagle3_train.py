@@ -105,3 +105,37 @@ def test_train_eagle3_exports_a_drafter_that_loads_resumes_and_is_lossless(tmp_p
     st = SpecStats()
     assert run(target, ids, Eagle3Drafter(m, cfg, target, 3), max_tokens=24, stats=st) == run(target, ids, max_tokens=24)
     assert st.drafted > 0
+
+
+def test_heldout_replay_equals_the_engine_for_eagle3(smollm2, tmp_path):
+    """`train.heldout.heldout_tau` with the EAGLE-3 lengths (one TTT pass + the greedy anchor walk)
+    gives the engine's own counts (fixed policy, chains of 7, no lookup) for the shipped EAGLE-3
+    drafter on the same held-out prompts: accepted/drafted, tau, per-position acceptance."""
+    import io
+
+    from mlxspec.api import shipped_drafter
+    from mlxspec.drafters.load import load_drafter
+    from mlxspec.evaluate import evaluate_drafter
+    from mlxspec.train.eagle3 import heldout_lengths
+    from mlxspec.train.heldout import build_heldout, heldout_tau
+    from mlxspec.targets.model import target_head_rows
+
+    target, tok = smollm2
+    path = shipped_drafter("eagle3")
+    assert path is not None, "the shipped EAGLE-3 drafter is missing from mlxspec/weights/"
+    m, cfg = load_drafter(str(path), target.info, log=io.StringIO())
+    Eagle3Drafter(m, cfg, target)  # as the engine runs it (float32 on CPU)
+    d_ids = (np.asarray(m.d2t) + np.arange(cfg.draft_vocab_size)).astype(np.int64)
+    frozen = {"embed": target.embed(mx.arange(target.info.vocab_size)).astype(mx.float32),
+              "head": m.lm_head.weight.astype(mx.float32), "d_ids": d_ids}
+    cats = ("code", "chat")
+    store = build_heldout(target, tok, list(cfg.target_layer_ids), tmp_path / "heldout", n_per_category=2,
+                          max_tokens=32, categories=cats)
+    mine = heldout_tau(m, frozen, store, categories=cats, lengths=heldout_lengths(m, frozen, cfg.max_drafts),
+                       n_drafts=cfg.max_drafts)
+    ref = evaluate_drafter(target, tok, path, n_per_category=2, max_tokens=32, categories=cats, log=io.StringIO())
+    assert sum(ref[c]["accepted"] for c in cats) > 0
+    for cat in cats:
+        assert (mine[cat]["accepted"], mine[cat]["drafted"]) == (ref[cat]["accepted"], ref[cat]["drafted"])
+        assert mine[cat]["tau"] == pytest.approx(ref[cat]["tau"])
+        np.testing.assert_allclose(mine[cat]["per_position_acceptance"], ref[cat]["per_position_acceptance"])
