@@ -265,7 +265,7 @@ def _build(sc: SpecConfig, draft: str | None, spec_type: str, target: Target, lo
     index = (lambda: SuffixLookup()) if suffix else (lambda: None)  # None: the drafters' NgramIndex
     shared = {"suffix": SuffixIndex(sc.suffix_budget) if suffix and sc.suffix_budget else None}
     if spec_type == "ngram":
-        n = num_draft_tokens or (16 if suffix else 8)
+        n = num_draft_tokens or 8
         vocab = target.info.vocab_size
         return Speculator(drafter_factory=lambda t: NgramDrafter(vocab, n, index=index()), spec_type=sc.lookup, p_min=None,
                           schedule=False, num_draft_tokens=n, policy=policy, **shared,

@@ -192,6 +192,15 @@ def test_propose_stops_below_the_minimum_probability():
     assert ix.propose(ix.last[d], len(text), 9, 8, own=d)[0] == []  # never seen
 
 
+def test_equal_counts_go_to_the_most_recent_occurrence():
+    text = [1, 2, 3, 1, 2, 4, 1]
+    ix = SuffixIndex()
+    d = ix.open(text)
+    # [1, 2] was followed once by 3, then once by 4: 4 (at 1/2), then the 1 that followed it
+    toks, match, score = ix.propose(ix.last[d], len(text), 2, 8, own=d)
+    assert (toks, match, score) == ([4, 1], 2, 1.0)
+
+
 def test_lookup_drafts_from_the_shared_index_of_earlier_requests():
     shared = SuffixIndex()
     first = SuffixLookup(shared, prompt_tail=2)
@@ -344,16 +353,16 @@ def test_server_keeps_one_suffix_index_per_api_key(smollm2, smollm2_path):
     w = Worker(dict(model=None, config=cfg), 0, 4)
     w.start()
     try:
-        text0, cold = _ask(w, ids, tenant=0)
-        assert _ask(w, ids, tenant=1) == (text0, cold)  # key 1 is not drafted from key 0's answer
-        text, warm = _ask(w, ids, tenant=0)  # key 0 is
+        text0, cold = _ask(w, ids, tenant="k0")
+        assert _ask(w, ids, tenant="k1") == (text0, cold)  # key 1 is not drafted from key 0's answer
+        text, warm = _ask(w, ids, tenant="k0")  # key 0 is
         assert text == text0 and warm >= cold + 15
         assert len(w.suffix_indexes()) == 2 and all(len(s) >= 32 for s in w.suffix_indexes())
         metrics = w.metrics.render(0, None, w.suffix_indexes())
         assert "mlxspec_suffix_indexes 2" in metrics and f"mlxspec_suffix_index_budget_tokens {api.SUFFIX_BUDGET}" in metrics
         w.share_keys = True  # as --suffix-share-keys: key 1 now drafts from what key 0 sent through the shared index
-        _ask(w, ids, tenant=0)
-        assert _ask(w, ids, tenant=1) == (text0, warm)
+        _ask(w, ids, tenant="k0")
+        assert _ask(w, ids, tenant="k1") == (text0, warm)
     finally:
         w.stop()
 
@@ -368,7 +377,76 @@ def test_several_api_keys_each_a_tenant():
         return Request({"type": "http", "headers": [(b"authorization", f"Bearer {key}".encode())]})
 
     assert check_key(None, req("x")) is None
-    assert check_key("a1", req("a1")) == 0
-    assert [check_key("a1,b2", req(k)) for k in ("a1", "b2")] == [0, 1]
+    a1, b2 = check_key("a1,b2", req("a1")), check_key("a1,b2", req("b2"))
+    assert a1 != b2 and check_key("b2,a1", req("a1")) == check_key("a1", req("a1")) == a1  # not its place in the list
+    assert "a1" not in a1
     with pytest.raises(APIError):
         check_key("a1,b2", req("a1,b2"))
+
+
+def _bare_worker():
+    """A server worker's suffix-index side only (no model): what `suffix_cache` reads and fills."""
+    from mlxspec import api
+    from mlxspec.server.worker import Worker
+
+    w = Worker.__new__(Worker)
+    w.spec, w.tenants, w.share_keys = api.Speculator(), {}, False
+    return w
+
+
+def test_suffix_cache_file_round_trip_is_atomic(tmp_path):
+    import io
+
+    from mlxspec.server import suffix_cache
+
+    w = _bare_worker()
+    w.tenant_spec("k0").suffix.open([1, 2, 3])
+    w.tenant_spec("k0").suffix.open([4, 5])
+    w.tenant_spec("k1").suffix.open([6, 7, 8])
+    w.spec.suffix.open([9])
+    path = tmp_path / "suffix.json"
+    suffix_cache.save(str(path), w, "m.gguf")
+    assert [p.name for p in tmp_path.iterdir()] == ["suffix.json"]  # no temporary file left
+    again, log = _bare_worker(), io.StringIO()
+    suffix_cache.load(str(path), again, "m.gguf", log)
+    assert log.getvalue() == ""
+    assert again.tenant_spec("k0").suffix.documents() == [[1, 2, 3], [4, 5]]  # least recently used first
+    assert again.tenant_spec("k1").suffix.documents() == [[6, 7, 8]]
+    assert again.spec.suffix.documents() == [[9]]
+    assert again.tenant_spec("k1").suffix.continuations([6, 7]) == (2, {8: 1})
+
+
+@pytest.mark.parametrize("content, why", [
+    ("{not json", "Expecting property name"),
+    ('{"format": "mlxspec-suffix-cache", "version": 1, "model": "other.gguf", "indexes": {}}', "another model"),
+    ('{"format": "mlxspec-suffix-cache", "version": 1, "model": "m.gguf", "indexes": {"k0": [[1, -2]]}}', "malformed"),
+    ('[1, 2]', "not an mlxspec suffix cache"),
+])
+def test_a_bad_suffix_cache_is_one_line_and_an_empty_start(tmp_path, content, why):
+    import io
+
+    from mlxspec.server import suffix_cache
+
+    path = tmp_path / "suffix.json"
+    path.write_text(content)
+    w, log = _bare_worker(), io.StringIO()
+    suffix_cache.load(str(path), w, "m.gguf", log)
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"mlxspec serve: --suffix-cache {path}: cannot use it (")
+    assert lines[0].endswith("starting without it") and why in lines[0]
+    assert w.tenants == {} and len(w.spec.suffix) == 0
+    suffix_cache.load(str(tmp_path / "absent.json"), w, "m.gguf", log)  # no file: an empty start, nothing said
+    assert len(log.getvalue().splitlines()) == 1
+
+
+def test_suffix_flags_reach_the_config():
+    from mlxspec import api, cli
+    from mlxspec.args import spec_config
+
+    a = cli.build_parser().parse_args(["serve", "--spec-type", "ngram", "--lookup", "suffix", "--suffix-budget", "100",
+                                       "--suffix-share-keys", "--suffix-cache", "s.json"])
+    assert spec_config(a) == api.SpecConfig(spec_type="ngram", lookup="suffix", suffix_budget=100)
+    assert a.suffix_share_keys and a.suffix_cache == "s.json"
+    assert spec_config(cli.build_parser().parse_args(["generate", "--prompt", "x"])).lookup == "ngram"  # the default
+    with pytest.raises(api.MlxspecError, match="--lookup 'tree' is not one of ngram, suffix"):
+        api.SpecConfig(lookup="tree")

@@ -20,7 +20,8 @@ Proposals (`SuffixIndex.propose`): from the longest match, and from up to `max_b
 shorter ones along the suffix links, a chain of the most frequent continuation at each step,
 stopped when its path probability (the product of the chosen tokens' shares of the counts,
 ArcticInference's rule) falls below `min_prob` (0.1), at most alpha x the match length long;
-the chain with the highest expected accepted length (the sum of its path probabilities) wins.
+equal counts go to the most recent occurrence (what prompt lookup proposes); the chain with
+the highest expected accepted length (the sum of its path probabilities) wins.
 Trees of candidates need tree verification (not yet in the engine).
 
 `SuffixLookup` is the per-request proposer behind `NgramIndex`'s interface (reset / extend /
@@ -99,6 +100,12 @@ class SuffixIndex:
                 self._append(doc, int(t))
                 if self.budget is not None and self.ntokens > self.budget:
                     self._evict(doc)
+
+    def documents(self) -> list[list[int]]:
+        """The documents' tokens, least recently used first (`open` them in this order to get
+        the same index back)."""
+        with self.lock:
+            return [list(t) for t in self.docs.values() if t]
 
     def touch(self, docs) -> None:
         with self.lock:
@@ -219,12 +226,16 @@ class SuffixIndex:
                 l = self.len[v] if v != -1 else 0
             return 0, {}
 
-    def _counts(self, occ, j: int, own: int | None = None, ext=()) -> dict[int, int]:
+    def _counts(self, occ, j: int, own: int | None = None, ext=(), latest: dict | None = None) -> dict[int, int]:
+        """{token at j after each occurrence: count}; `latest` gets each token's most recent
+        occurrence (document, position)."""
         counts: dict[int, int] = {}
         for d, p in occ:
             t = self._token(d, p + j, own, ext)
             if t is not None:
                 counts[t] = counts.get(t, 0) + 1
+                if latest is not None and (d, p) > latest.get(t, (-1, -1)):
+                    latest[t] = (d, p)
         return counts
 
     def _token(self, d: int, i: int, own: int | None, ext) -> int | None:
@@ -271,10 +282,11 @@ class SuffixIndex:
         prob, score, docs = 1.0, 0.0, set()
         for j in range(1, k + 1):
             ext = [anchor] + out
-            counts = self._counts(alive, j, own, ext)
+            latest: dict = {}
+            counts = self._counts(alive, j, own, ext, latest)
             if not counts:
                 break
-            tok = max(counts, key=counts.get)  # ties: the first occurrence found
+            tok = max(counts, key=lambda t: (counts[t], latest[t]))  # ties: the most recent (as prompt lookup)
             prob *= counts[tok] / sum(counts.values())
             if prob < min_prob:
                 break
@@ -348,7 +360,11 @@ class SuffixLookup:
 
     name = "suffix"
 
-    def __init__(self, shared: SuffixIndex | None = None, *, alpha: float = 1.0, min_prob: float = 0.1,
+    # alpha 4, not ArcticInference's 1: a lookup's drafts cost nothing to make, and the adaptive
+    # policy verifies only what pays by its estimate per match length; replayed on the agent
+    # trace (scripts/agent_bench.py) with every draft verified, alpha 4 is never below prompt
+    # lookup's tau per turn, alpha 1 is below it on the first turn (docs/suffix.md)
+    def __init__(self, shared: SuffixIndex | None = None, *, alpha: float = 4.0, min_prob: float = 0.1,
                  max_depth: int = 64, prompt_tail: int = 16):
         self.shared, self.alpha, self.min_prob, self.max_depth = shared, alpha, min_prob, max_depth
         self.prompt_tail = prompt_tail

@@ -118,7 +118,7 @@ def cmd_serve(a) -> int:
         raise MlxspecError(f"--timeout {a.timeout} must be positive")
     load_kw = dict(model=a.model, config=spec_config(a))
     worker = Worker(load_kw, a.prompt_cache_bytes, a.max_queue, max_batch=max_batch,
-                    share_keys=getattr(a, "suffix_share_keys", False))
+                    share_keys=getattr(a, "suffix_share_keys", False), suffix_cache=getattr(a, "suffix_cache", None))
     worker.start()  # loads on the generation thread; MlxspecError -> one line, exit 2
     src = worker.target.info.source or a.model or "SmolLM2-135M-Instruct"
     # as mlx_lm.server: a hub id is served under its repo id, not its snapshot's commit hash

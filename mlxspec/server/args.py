@@ -19,6 +19,9 @@ def add_serve_args(p):
     p.add_argument("--suffix-share-keys", action="store_true",
                    help="--lookup suffix: one suffix index for all API keys (default: one per key, so that no key's "
                         "speed depends on what another key's requests said)")
+    p.add_argument("--suffix-cache", default=None, metavar="PATH",
+                   help="--lookup suffix: keep the suffix indexes in this file across restarts (loaded at start, "
+                        "saved atomically at shutdown); without it they are never written to disk")
     p.add_argument("--model-id", default=None, help="the name clients send as 'model' (default: the model file's stem)")
     p.add_argument("--prompt-cache-bytes", type=_size, default=_size("1G"),
                    help="memory for cached prompt prefixes (KV cache + drafter context), LRU; 0 disables (default 1G)")

@@ -26,7 +26,7 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
     stop_sequence: str | None = None  # set before "done": the stop string that ended it (None: EOS or length)
-    tenant: int | None = None  # which API key sent it (`params.check_key`); None: the server has no key
+    tenant: str | None = None  # which API key sent it (`params.check_key`); None: the server has no key
 
     def cancel(self):
         self.cancelled.set()

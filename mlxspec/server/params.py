@@ -8,6 +8,7 @@ context). Each failure is an `APIError` (400, 401, 404 or 413) naming the field.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 import json
 import math
@@ -94,17 +95,18 @@ def parse_messages(body: dict) -> list[dict]:
     return out
 
 
-def check_key(api_key: str | None, request: Request) -> int | None:
-    """The request's key -> which of the server's keys it is (--api-key KEY1,KEY2,...: 0, 1, ...),
-    or None when the server has no key; 401 when it matches none."""
+def check_key(api_key: str | None, request: Request) -> str | None:
+    """The request's key -> its tenant (--api-key KEY1,KEY2,...): a digest of the key, the same
+    for the same key in any order and any run (what `--suffix-cache` files name), never the
+    key; None when the server has no key; 401 when it matches none."""
     if not api_key:
         return None
     auth = request.headers.get("authorization", "")
     given = auth[7:] if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")  # Anthropic's
     found = None
-    for i, key in enumerate(k for k in api_key.split(",") if k):
+    for key in (k for k in api_key.split(",") if k):
         if hmac.compare_digest(given.encode(), key.encode()) and found is None:  # every key compared: no timing
-            found = i
+            found = hashlib.sha256(b"mlxspec-tenant|" + key.encode()).hexdigest()[:16]
     if found is None:
         raise APIError(401, "invalid or missing API key: send 'Authorization: Bearer <key>' (or 'x-api-key: <key>')",
                        "authentication_error", code="invalid_api_key")

@@ -36,6 +36,7 @@ from mlxspec.server.job import Job
 from mlxspec.server.metrics import Metrics
 from mlxspec.server.prompt_cache import ContextDrafter, PromptCache
 from mlxspec.server.sequential import serve_one
+from mlxspec.server import suffix_cache
 
 
 def default_max_batch() -> int:
@@ -60,10 +61,10 @@ class Arrival:
 
 class Worker:
     def __init__(self, load_kwargs: dict, prompt_cache_bytes: int, max_queue: int, log=sys.stderr,
-                 max_batch: int | None = None, share_keys: bool = False):
+                 max_batch: int | None = None, share_keys: bool = False, suffix_cache: str | None = None):
         self.load_kwargs = load_kwargs
-        self.share_keys = share_keys
-        self.tenants: dict[int, api.Speculator] = {}  # API key -> its view of the speculator
+        self.share_keys, self.suffix_cache = share_keys, suffix_cache
+        self.tenants: dict[str, api.Speculator] = {}  # API key -> its view of the speculator
         self.max_queue = max_queue
         self.max_batch = default_max_batch() if max_batch is None else max_batch
         self.log = log
@@ -110,6 +111,16 @@ class Worker:
         self.cancel_all()
         self.jobs.put(None)
         self.thread.join(timeout)
+        if self.suffix_cache and self.ready.is_set() and self.load_error is None:
+            try:
+                suffix_cache.save(self.suffix_cache, self, self.model_name)
+            except OSError as e:
+                print(f"mlxspec serve: --suffix-cache {self.suffix_cache}: not saved ({e})", file=self.log, flush=True)
+
+    @property
+    def model_name(self) -> str:
+        """What a suffix cache file is tied to: the target's file (or the model asked for)."""
+        return str(self.target.info.source or self.load_kwargs.get("model") or "default")
 
     # -- admission -----------------------------------------------------------------------
     def try_submit(self, job: Job) -> bool:
@@ -158,6 +169,8 @@ class Worker:
             self.pool = [self.drafter]  # free drafters (their state is reset by `begin`)
             self.spec.use_shared(self.drafter, SuffixIndex(256))  # the warm-up's text joins no one's index
             self._warm_up()
+            if self.suffix_cache:
+                suffix_cache.load(self.suffix_cache, self, self.model_name, self.log)
         except BaseException as e:  # noqa: BLE001 - reported by start()
             self.load_error = e
             self.ready.set()
@@ -205,7 +218,7 @@ class Worker:
             return True
         return False
 
-    def tenant_spec(self, tenant: int | None) -> api.Speculator:
+    def tenant_spec(self, tenant: str | None) -> api.Speculator:
         """The speculator a key's jobs run with: the server's, with that key's own suffix index
         and policy memory (what earlier requests taught the adaptive policy), so that another
         key's text never changes how this key's requests are drafted; the server's own with
