@@ -20,7 +20,7 @@ from typing import Iterator
 import mlx.core as mx
 
 from mlxspec.drafters.load import load_drafter
-from mlxspec.drafters.registry import describe, identify, lookup
+from mlxspec.drafters.registry import Identity, candidates, describe, identify, lookup
 from mlxspec.engine.drafting import BlockDrafter, NoDrafter, SimpleDrafter
 from mlxspec.engine.eagle3 import Eagle3Drafter
 from mlxspec.engine.loop import SpecStats, generate_steps
@@ -40,6 +40,7 @@ VERIFY_POLICIES = ("adaptive", "fixed")
 LOOKUPS = ("ngram", "suffix")
 SUFFIX_BUDGET = 65536  # tokens in a speculator's shared suffix index (~50 MB in CPython)
 SHIPPED = Path(__file__).parent / "weights"
+DEFAULT_TARGET = "SmolLM2-135M-Instruct"  # load(None): its drafter is the registry's first shipped entry
 
 
 def shipped_drafter(kind: str = "dspark") -> Path | None:
@@ -233,8 +234,9 @@ def resolve_auto_draft(model: str | None, spec_type: str = "auto", *, ngram: boo
     """
     if spec_type in ("none", "ngram", "draft-simple"):  # no block drafter asked for
         return None, spec_type
-    if model is None:
-        ship = shipped_drafter("dspark")
+    if model is None:  # the default target: its first registry entry that is shipped here
+        ship = next((Path(e["path"]) for e in candidates(DEFAULT_TARGET, Identity(DEFAULT_TARGET.lower(), "default"))
+                     if Path(e["path"]).exists()), None) or shipped_drafter("dspark")
         return (str(ship) if ship else None), spec_type
     ident = identify(str(model))  # by content: a renamed or converted copy is the same model
     entry = lookup(str(model), ident)

@@ -71,7 +71,7 @@ def main(argv=None) -> int:
             for k, (rl, v) in enumerate(refs.items()):
                 axes[1, j].axhline(v[j], ls="--", color=f"C{k + len(runs)}", label=rl)
             axes[0, j].set_title(c)
-            axes[1, j].set_xlabel("CPU minutes (data + training)")
+            axes[1, j].set_xlabel("CPU minutes (data + training)" if extra else "CPU minutes of training")
         axes[0, 0].set_ylabel("held-out row-1 agreement")
         axes[1, 0].set_ylabel("held-out tau (chains of up to 7)")
         axes[1, 2].legend(loc="lower right", fontsize=8)
