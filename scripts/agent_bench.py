@@ -1,0 +1,245 @@
+"""Agent benchmark: a replayed multi-turn coding-agent conversation, turn by turn, x AR.
+
+    MLXSPEC_BLAS_THREADS=1 .venv/bin/python scripts/agent_bench.py --turns 5 --max-tokens 64 \\
+        --out docs/bench/agent_bench.json
+
+The conversation is built from one held-out code file (`mlxspec.corpus`, split "heldout": no
+drafter trained on it) by `make_trace`, deterministically from --seed, the way a coding agent
+talks to a local server: the file with a question about one function; a test run's output
+quoting the function back; the same file sent back with a small edit and the function to
+rewrite; the function to rewrite again; then a new session (a sub-agent, or the same agent
+restarted without its history) sending the third request again. Each turn's prompt is the
+whole conversation so far, the model's own earlier answers included (greedy: every
+configuration gets the same answers), except the new session's, which is that one message.
+
+Every configuration is one `Speculator` for the whole conversation (as an app or a server
+holds one), so suffix drafting's shared index holds the earlier turns' answers. Turns run
+one configuration after another on the same prompt, the order rotating per turn, so load on
+the machine falls on all alike. x AR = generation tok/s (prefill excluded) over AR's on the
+same turn; `overall` is total generated tokens over total generation time, over AR's.
+
+--replay: no timing; the AR answers replayed through each lookup (prompt lookup, suffix
+drafting at alpha 1 and 4, and without its shared index) with every proposal verified, tau per turn: what the proposals are
+worth before the adaptive policy decides how many to verify.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import random
+import sys
+import time
+
+import mlxspec  # noqa: F401  (OpenBLAS before MLX)
+from mlxspec import api
+from mlxspec.corpus import corpus_files, read_text
+from mlxspec.engine.loop import SpecStats
+from mlxspec.engine.ngram import NgramIndex
+from mlxspec.engine.suffix import SuffixIndex, SuffixLookup
+from mlxspec.tokenizer import apply_chat_template
+
+CONFIGS = {  # name -> SpecConfig fields ("AR" is the plain loop)
+    "AR": None,
+    "lookup": dict(spec_type="ngram"),
+    "suffix": dict(spec_type="ngram", lookup="suffix"),
+    "default": dict(),
+    "default+suffix": dict(lookup="suffix"),
+}
+
+
+def pick_function(seed: int, min_lines: int = 8, max_lines: int = 24):
+    """A held-out code file and one function in it -> (relative path, source lines, function node)."""
+    files = [f for f in corpus_files(split="heldout") if f.category == "code"]
+    random.Random(seed).shuffle(files)
+    for f in files:
+        text = read_text(f.path)
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError):
+            continue
+        funcs = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                 and min_lines <= n.end_lineno - n.lineno + 1 <= max_lines
+                 and len((ast.get_docstring(n) or "").splitlines()) <= 2]  # code, not a docstring
+        if funcs:
+            return f.rel, text.splitlines(), funcs[random.Random(seed).randrange(len(funcs))]
+    raise SystemExit("agent_bench: no held-out code file with a function of the right size")
+
+
+def make_trace(seed: int = 0, context: int = 12) -> list[tuple[str, bool]]:
+    """The user's side of the conversation, built from one held-out function: (message, whether
+    it starts a new session without the history)."""
+    rel, lines, fn = pick_function(seed)
+    name = fn.name
+    lo, hi = max(0, fn.lineno - 1 - context), min(len(lines), fn.end_lineno + context)
+    excerpt = lines[lo:hi]
+    body = lines[fn.lineno - 1 : fn.end_lineno]
+    path = rel.split("/", 1)[1]
+    code = "\n".join(excerpt)
+    # a small edit: one line of the function gets a trailing comment, a blank line goes
+    mid = fn.lineno - 1 - lo + len(body) // 2
+    edited = list(excerpt)
+    edited[mid] = edited[mid] + "  # checked"
+    blank = next((i for i in range(fn.lineno - 1 - lo, len(edited)) if not edited[i].strip()), None)
+    if blank is not None:
+        del edited[blank]
+    fail_line = body[len(body) // 2].strip()
+    tool = "\n".join([
+        "$ python -m pytest -x tests/test_" + path.replace("/", "_"),
+        "============================= FAILURES =============================",
+        f"___________________________ test_{name} ___________________________",
+        "",
+        *[f"    {l}" for l in body[: len(body) // 2 + 1]],
+        f">   {fail_line}",
+        "E   AssertionError",
+        f"{path}:{fn.lineno + len(body) // 2}: AssertionError",
+        "=========================== 1 failed in 0.12s ======================",
+    ])
+    rewrite = (f"I changed the file a little:\n\n```python\n{chr(10).join(edited)}\n```\n\nRewrite `{name}` so that it "
+               "is clearer. Give the whole function.")
+    return [
+        (f"Here is part of `{path}`:\n\n```python\n{code}\n```\n\nWhat does `{name}` do? Quote the lines you explain.", False),
+        (f"I ran the tests. Output:\n\n```\n{tool}\n```\n\nWhich line of `{name}` fails, and why?", False),
+        (rewrite, False),
+        (f"Rewrite `{name}` once more, with type hints and a docstring. Give the whole function.", False),
+        (rewrite, True),
+    ]
+
+
+def build(name: str, target):
+    fields = CONFIGS[name]
+    return api.Speculator() if fields is None else api.Speculator.build(api.SpecConfig(**fields), target)
+
+
+def run_turn(target, tok, spec, ids: list[int], max_tokens: int) -> tuple[list[int], SpecStats]:
+    stats = SpecStats()
+    out = []
+    for step in spec.session(target, ids, max_tokens=max_tokens, eos_ids=api._eos_ids(tok), stats=stats):
+        out += step
+    return out, stats
+
+
+def replay(convo: list[tuple[list[int], list[int]]], make, n: int = 8) -> list[float]:
+    """tau per turn when `make()`'s lookup index proposes up to n drafts after every committed
+    token of the recorded greedy answers and every proposal is verified (no model needed)."""
+    out = []
+    for ids, answer in convo:
+        ix = make()
+        ix.reset(ids)
+        anchor, pos, forwards = answer[0], 1, 0
+        while pos < len(answer):
+            prop, _ = ix.propose(anchor, min(n, len(answer) - pos))
+            a = 0
+            while a < len(prop) and prop[a] == answer[pos + a]:
+                a += 1
+            forwards += 1
+            ix.extend([anchor] + answer[pos : pos + a])
+            pos += a
+            if pos < len(answer):
+                anchor, pos = answer[pos], pos + 1
+        ix.extend([anchor])
+        out.append(round((len(answer) - 1) / max(forwards, 1), 3))
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--turns", type=int, default=5)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, from: " + ", ".join(CONFIGS))
+    p.add_argument("--print-trace", action="store_true", help="print the user messages and exit")
+    p.add_argument("--replay", action="store_true", help="tau of each lookup with every proposal verified (no timing)")
+    p.add_argument("--out", default=None, help="write the JSON report here (else stdout)")
+    a = p.parse_args(argv)
+    users = make_trace(a.seed)
+    if a.turns > len(users):
+        raise SystemExit(f"agent_bench: --turns {a.turns}: the trace has {len(users)} turns")
+    if a.print_trace:
+        print("\n\n-----\n\n".join(("(new session)\n" if fresh else "") + u for u, fresh in users[: a.turns]))
+        return 0
+    names = [n.strip() for n in a.configs.split(",") if n.strip()]
+    if "AR" not in names or any(n not in CONFIGS for n in names):
+        raise SystemExit(f"agent_bench: --configs must include AR and name only {', '.join(CONFIGS)}")
+    target, tok, _ = api.load(draft="none")
+    if a.replay:
+        return _replay(target, tok, users[: a.turns], a)
+    specs = {n: build(n, target) for n in names}
+    warm = _chat(tok, [{"role": "user", "content": "Say hello."}])
+    for n in names:  # the verify profile and MLX's first calls, on a throwaway speculator
+        run_turn(target, tok, build(n, target), warm, 4)
+    msgs: list[dict] = []
+    turns, totals = [], {n: [0, 0.0] for n in names}
+    for t in range(a.turns):
+        text, fresh = users[t]
+        if fresh:
+            msgs = []
+        msgs.append({"role": "user", "content": text})
+        ids = _chat(tok, msgs)
+        row = {"turn": t + 1, "new_session": fresh, "prompt_tokens": len(ids), "configs": {}}
+        order = names[t % len(names):] + names[: t % len(names)]
+        outs = {}
+        for n in order:
+            out, st = run_turn(target, tok, specs[n], ids, a.max_tokens)
+            outs[n] = out
+            totals[n][0] += st.generated - 1
+            totals[n][1] += st.gen_time
+            row["configs"][n] = {"tok_s": round(st.generation_tps, 2), "tau": round(st.tau, 3),
+                                 "accepted": st.accepted, "drafted": st.drafted, "generated": st.generated}
+        ar = row["configs"]["AR"]["tok_s"]
+        for n in names:
+            c = row["configs"][n]
+            c["x_ar"] = round(c["tok_s"] / ar, 3) if ar else None
+            c["equal_ar"] = outs[n] == outs["AR"]
+        answer = tok.decode([x for x in outs["AR"] if x not in api._eos_ids(tok)])
+        msgs.append({"role": "assistant", "content": answer})
+        turns.append(row)
+        print(f"turn {t + 1} ({len(ids)} prompt tokens): " + ", ".join(
+            f"{n} {row['configs'][n]['x_ar']:.2f}x" for n in names), file=sys.stderr, flush=True)
+    ar_rate = totals["AR"][0] / totals["AR"][1]
+    report = {
+        "command": "scripts/agent_bench.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "model": "SmolLM2-135M-Instruct (default target)",
+        "trace": {"seed": a.seed, "file": pick_function(a.seed)[0], "function": pick_function(a.seed)[2].name},
+        "configs": {n: ("autoregressive" if CONFIGS[n] is None else specs[n].description) for n in names},
+        "turns": turns,
+        "overall_x_ar": {n: round(totals[n][0] / totals[n][1] / ar_rate, 3) for n in names},
+        "greedy_equal_ar": all(c["equal_ar"] for r in turns for c in r["configs"].values()),
+    }
+    text = json.dumps(report, indent=1)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+    return 0
+
+
+def _replay(target, tok, users, a) -> int:
+    msgs, convo = [], []
+    for text, fresh in users:
+        msgs = [] if fresh else msgs
+        msgs.append({"role": "user", "content": text})
+        ids = _chat(tok, msgs)
+        out, _ = run_turn(target, tok, api.Speculator(), ids, a.max_tokens)
+        convo.append((ids, out))
+        msgs.append({"role": "assistant", "content": tok.decode([x for x in out if x not in api._eos_ids(tok)])})
+    lookups = {"prompt lookup": lambda: NgramIndex(2, 4)}
+    for alpha in (1.0, 4.0):
+        shared = SuffixIndex(api.SUFFIX_BUDGET)
+        lookups[f"suffix alpha {alpha:g}"] = lambda shared=shared, alpha=alpha: SuffixLookup(shared, alpha=alpha)
+    lookups["suffix alpha 4, no shared index"] = lambda: SuffixLookup(None, alpha=4.0)
+    report = {"command": "scripts/agent_bench.py " + " ".join(sys.argv[1:]), "drafts": 8,
+              "tau_every_draft_verified": {name: replay(convo, make) for name, make in lookups.items()}}
+    print(json.dumps(report, indent=1))
+    return 0
+
+
+def _chat(tok, msgs) -> list[int]:
+    return tok.encode(apply_chat_template(tok, msgs), add_special_tokens=False)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
