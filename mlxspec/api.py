@@ -124,9 +124,10 @@ class Speculator:
     # fixed: always the full block / num_draft_tokens (--schedule and p_min apply)
     policy: str = "adaptive"
     memory: PolicyMemory = field(default_factory=PolicyMemory, repr=False, compare=False)
-    # suffix drafting's shared index: what this speculator's requests generated, so that each
-    # request drafts from the earlier ones too (None: each request only from itself)
-    suffix: SuffixIndex | None = field(default_factory=lambda: SuffixIndex(SUFFIX_BUDGET), repr=False, compare=False)
+    # suffix drafting's shared index (`build` gives one to a speculator with lookup="suffix"):
+    # what this speculator's requests generated, so that each request drafts from the earlier
+    # ones too (None: each request only from itself, or no suffix drafting)
+    suffix: SuffixIndex | None = field(default=None, repr=False, compare=False)
 
     def make_drafter(self, target, shared=None):
         """A new drafter for one request (a suffix lookup drafts from `shared`, default: this
@@ -264,8 +265,7 @@ def _build(sc: SpecConfig, draft: str | None, spec_type: str, target: Target, lo
     block_size, num_draft_tokens, p_min, schedule, ngram = sc.block_size, sc.num_draft_tokens, sc.p_min, sc.schedule, sc.ngram
     policy = sc.verify_policy
     suffix = sc.lookup == "suffix"
-    index = (lambda: SuffixLookup()) if suffix else (lambda: None)  # None: the drafters' NgramIndex
-    shared = {"suffix": SuffixIndex(sc.suffix_budget) if suffix and sc.suffix_budget else None}
+    index, shared = _lookup_index(sc), {"suffix": _shared_suffix(sc)}
     if spec_type == "ngram":
         n = num_draft_tokens or 8
         vocab = target.info.vocab_size
@@ -314,6 +314,16 @@ def _build(sc: SpecConfig, draft: str | None, spec_type: str, target: Target, lo
                       description=f"{cfg.lineage} {Path(draft).name} block={bs}", policy=policy)
 
 
+def _lookup_index(sc: SpecConfig):
+    """The lookup index each drafter gets: a new SuffixLookup for lookup="suffix", else None
+    (the drafters' own NgramIndex)."""
+    return (lambda: SuffixLookup()) if sc.lookup == "suffix" else (lambda: None)
+
+
+def _shared_suffix(sc: SpecConfig) -> SuffixIndex | None:
+    return SuffixIndex(sc.suffix_budget) if sc.lookup == "suffix" and sc.suffix_budget else None
+
+
 def _build_eagle3(sc: SpecConfig, dmodel, cfg, draft: str, policy: str, log) -> Speculator:
     """A chain drafter: --num-draft-tokens (or --block-size, as drafts + 1) caps the chain."""
     n = sc.num_draft_tokens or (sc.block_size - 1 if sc.block_size else None) or cfg.max_drafts
@@ -323,12 +333,15 @@ def _build_eagle3(sc: SpecConfig, dmodel, cfg, draft: str, policy: str, log) -> 
         say(f"mlxspec: warning: {Path(draft).name} has no confidence head; --p-min / --schedule are ignored",
             log, logging.WARNING)
 
+    index = _lookup_index(sc)
+
     def make(t):
         d = Eagle3Drafter(dmodel, cfg, t, n)
-        return LookupBlockDrafter(d, t.info.vocab_size) if sc.ngram else d
-    kind = "draft-eagle3+ngram" if sc.ngram else "draft-eagle3"
+        return LookupBlockDrafter(d, t.info.vocab_size, index=index()) if sc.ngram else d
+    kind = f"draft-eagle3+{sc.lookup}" if sc.ngram else "draft-eagle3"
     return Speculator(drafter_factory=make, spec_type=kind, p_min=None, schedule=False, num_draft_tokens=n,
-                      description=f"eagle3{'+ngram' if sc.ngram else ''} {Path(draft).name} chain={n}", policy=policy)
+                      description=f"eagle3{'+' + sc.lookup if sc.ngram else ''} {Path(draft).name} chain={n}", policy=policy,
+                      suffix=_shared_suffix(sc) if sc.ngram else None)
 
 
 def as_target(model) -> Target:

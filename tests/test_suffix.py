@@ -316,6 +316,7 @@ def test_one_speculator_drafts_a_repeated_request_from_its_first_answer(smollm2)
     assert len(spec.suffix) >= 40
     other = api.Speculator.build(api.SpecConfig(spec_type="ngram", lookup="suffix", suffix_budget=0), target)
     assert other.suffix is None  # budget 0: each request drafts only from itself
+    assert api.Speculator.build(api.SpecConfig(spec_type="ngram"), target).suffix is None  # prompt lookup: none
 
 
 def _ask(worker, ids, tenant, n=32):
@@ -390,7 +391,7 @@ def _bare_worker():
     from mlxspec.server.worker import Worker
 
     w = Worker.__new__(Worker)
-    w.spec, w.tenants, w.share_keys = api.Speculator(), {}, False
+    w.spec, w.tenants, w.share_keys = api.Speculator(suffix=SuffixIndex(api.SUFFIX_BUDGET)), {}, False
     return w
 
 
