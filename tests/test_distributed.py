@@ -119,11 +119,10 @@ def test_tiny_equals_single_process(tiny, rid):
     assert run["cases"][0]["drafted"] > 0
 
 
-def test_smollm2_pipeline_equals_single_process(smollm2_path, tmp_path):
-    from mlxspec.targets.load import load_target
+def test_smollm2_pipeline_equals_single_process(smollm2, tmp_path):
     from mlxspec.tokenizer import apply_chat_template
 
-    _, tok = load_target(str(smollm2_path))
+    _, tok = smollm2  # the session's (the ranks load their own)
     text = apply_chat_template(tok, [{"role": "user", "content": "Write a Python function that reverses a string."}],
                                add_generation_prompt=True)
     ids = tok.encode(text, add_special_tokens=False)

@@ -196,7 +196,8 @@ class SuffixIndex:
 
     # -- lookup -------------------------------------------------------------------------
     def occurrences(self, state: int, cap: int | None = None) -> list[tuple[int, int]]:
-        """(document, end position) of the occurrences of a state's strings (at most cap)."""
+        """(document, end position) of the occurrences of a state's strings: all of them, or
+        `cap` of them in no particular order (the counts are then a sample)."""
         cap = self.max_occ if cap is None else cap
         out, stack = [], [state]
         while stack and len(out) < cap:
@@ -219,7 +220,7 @@ class SuffixIndex:
         with self.lock:
             v, l = self.find(context)
             while v > ROOT:  # the root is the empty match
-                counts = self._counts([(d, p) for d, p in self.occurrences(v)], 1)
+                counts = self._counts(self.occurrences(v), 1)
                 if counts:
                     return l, counts
                 v = self.link[v]
