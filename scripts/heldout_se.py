@@ -44,6 +44,8 @@ def main() -> None:
 
 
 def run(a) -> None:
+    import mlx.core as mx
+
     from mlxspec.drafters.load import load_drafter
     from mlxspec.targets.load import load_target
     from mlxspec.train.heldout import build_heldout, default_heldout_dir, frozen_for, heldout_tau, paired_difference
@@ -57,9 +59,18 @@ def run(a) -> None:
         taps = cfg.target_layer_ids
         d = default_heldout_dir(target, taps, a.prompts, a.max_tokens)
         store = build_heldout(target, tok, taps, d, n_per_category=a.prompts, max_tokens=a.max_tokens)
-        r = heldout_tau(m, frozen_for(target, m), store)
-        row = {c: {"tau": v["tau"], "tau_se": v["tau_se"], "prompts": v["prompts"]} for c, v in r.items()}
-        line = "  ".join(f"{c} {v['tau']:.3f} ± {v['tau_se']:.3f}" for c, v in r.items())
+        if cfg.lineage == "eagle3":  # a chain drafter: its TTT pass gives the accepted lengths
+            from mlxspec.train.eagle3 import frozen_for_eagle3, heldout_lengths
+
+            m.apply(lambda x: x.astype(mx.float32) if mx.issubdtype(x.dtype, mx.floating) else x)  # as the engine runs it
+            fz = frozen_for_eagle3(target, m)
+            r = heldout_tau(m, fz, store, lengths=heldout_lengths(m, fz, cfg.max_drafts), n_drafts=cfg.max_drafts)
+        else:
+            r = heldout_tau(m, frozen_for(target, m), store)
+        row = {c: {"tau": v["tau"], "tau_se": v["tau_se"], "prompts": v["prompts"],
+                   "row1": v["per_position_acceptance"][0]} for c, v in r.items()}
+        line = "  ".join(f"{c} {v['tau']:.3f} ± {v['tau_se']:.3f} (row 1 {v['per_position_acceptance'][0]:.3f})"
+                         for c, v in r.items())
         if base is None:
             base = (label, r)
         else:

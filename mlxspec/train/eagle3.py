@@ -162,6 +162,18 @@ def heldout_lengths(model: Eagle3Model, frozen: dict, steps: int):
     return accepted
 
 
+def frozen_for_eagle3(target, model: Eagle3Model) -> dict:
+    """What `heldout_lengths` borrows: the target's embedding, the drafter's head, the draft ids."""
+    c = model.config
+    V = target.info.vocab_size
+    d_ids = (np.asarray(model.d2t) + np.arange(c.draft_vocab_size)).astype(np.int64) if c.reduced_vocab \
+        else np.arange(V)
+    head = model.lm_head.weight.astype(mx.float32) if c.has_lm_head else target_head_rows(target, mx.array(d_ids))
+    f = {"embed": target.embed(mx.arange(V)).astype(mx.float32), "head": head, "d_ids": d_ids}
+    mx.eval(f["embed"], f["head"])
+    return f
+
+
 # ----------------------------------------------------------------------------- set-up
 
 def draft_vocabulary(topk_ids: np.ndarray, vocab: int, n: int) -> np.ndarray:
