@@ -132,3 +132,58 @@ def test_wrong_spec_type_is_corrected(smollm2, prompts, kind, requested):
     assert st.drafted > 0 and (st.accepted, st.drafted) == (want.accepted, want.drafted), (
         f"with --spec-type {requested} requested: {_rate(st)}, read as the file says: {_rate(want)}")
     assert st.per_position_acceptance == want.per_position_acceptance and outs == want_outs
+
+
+# ----------------------------------------------------------------------------- EAGLE-3
+# The shipped EAGLE-3 drafter, fixed policy, chains of 7, no lookup, the same 6 held-out prompts x 48
+# tokens (2026-12-02): 9.3% (105/1130 drafts) tau 1.59. Its file read with SpecForge's tap convention
+# (every tap one layer deeper: 2, 15, 27 instead of 1, 14, 26): 8.2% (97/1178) tau 1.52.
+EAGLE3_FLOOR = 0.065  # about 0.7x the measured rate
+
+
+def _eagle3(smollm2, path, prompts):
+    target, _ = smollm2
+    spec = Speculator.build(SpecConfig(draft=str(path), ngram=False, policy="fixed"), target, log=io.StringIO())
+    return _run(smollm2, prompts, spec.drafter_factory)
+
+
+def test_eagle3_acceptance_floor_and_lossless(smollm2, prompts, autoregressive):
+    st, outs = _eagle3(smollm2, _path("eagle3"), prompts)
+    assert st.acceptance_rate >= EAGLE3_FLOOR, (
+        f"eagle3 drafter {_rate(st)} is below the floor {EAGLE3_FLOOR:.1%}: drafting works but the target "
+        "rejects it; check the taps (their convention), the d2t map and the chain's pairing")
+    assert outs == autoregressive
+
+
+def test_eagle3_read_with_the_wrong_tap_convention(smollm2, prompts, autoregressive, tmp_path):
+    """The shipped speculators file rewritten as SpecForge's layout with the SAME numbers (what an
+    engine that assumes SpecForge's convention reads) taps every layer one deeper. It loads, drafts
+    at full speed, stays lossless, and accepts less; it does NOT collapse for this drafter (measured
+    9.3% -> 8.2%): SmolLM2's residual stream changes little from one layer to the next, so the
+    features one layer late are nearly the ones it was trained on. A drafter whose taps differ in
+    what they carry collapses: tests/test_eagle3.py builds one (32/32 first drafts accepted read
+    right, 1/32 one layer late), the failure the tap conventions are read for."""
+    import shutil
+
+    from mlxspec.drafters.load import load_drafter
+
+    src = _path("eagle3")
+    cfg = json.loads((Path(src) / "config.json").read_text())
+    wrong = tmp_path / "as-specforge"
+    wrong.mkdir()
+    shutil.copy(Path(src) / "model.safetensors", wrong / "model.safetensors")
+    flat = {**cfg["transformer_layer_config"], "architectures": ["LlamaForCausalLMEagle3"],
+            "draft_vocab_size": cfg["draft_vocab_size"], "target_hidden_size": cfg["target_hidden_size"],
+            "norm_before_residual": cfg["norm_before_residual"],
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": cfg["eagle_aux_hidden_state_layer_ids"]}}
+    (wrong / "config.json").write_text(json.dumps(flat))
+    target, _ = smollm2
+    right_taps = load_drafter(src, target.info, log=io.StringIO())[1].target_layer_ids
+    wrong_taps = load_drafter(str(wrong), target.info, log=io.StringIO())[1].target_layer_ids
+    assert [w - r for w, r in zip(wrong_taps, right_taps)] == [1, 1, 1]
+    right, _ = _eagle3(smollm2, src, prompts)
+    st, outs = _eagle3(smollm2, wrong, prompts)
+    assert right.acceptance_rate >= EAGLE3_FLOOR, f"read right: {_rate(right)}"
+    assert st.accepted < right.accepted and st.acceptance_rate < right.acceptance_rate, (
+        f"one layer deeper: {_rate(st)}, read right: {_rate(right)}")
+    assert outs == autoregressive  # nothing errors, output still lossless: only speed shows it
