@@ -409,7 +409,7 @@ def test_suffix_cache_file_round_trip_is_atomic(tmp_path):
     suffix_cache.save(str(path), w, "m.gguf")
     assert [p.name for p in tmp_path.iterdir()] == ["suffix.json"]  # no temporary file left
     again, log = _bare_worker(), io.StringIO()
-    suffix_cache.load(str(path), again, "m.gguf", log)
+    suffix_cache.restore(str(path), again, "m.gguf", log)
     assert log.getvalue() == ""
     assert again.tenant_spec("k0").suffix.documents() == [[1, 2, 3], [4, 5]]  # least recently used first
     assert again.tenant_spec("k1").suffix.documents() == [[6, 7, 8]]
@@ -431,12 +431,12 @@ def test_a_bad_suffix_cache_is_one_line_and_an_empty_start(tmp_path, content, wh
     path = tmp_path / "suffix.json"
     path.write_text(content)
     w, log = _bare_worker(), io.StringIO()
-    suffix_cache.load(str(path), w, "m.gguf", log)
+    suffix_cache.restore(str(path), w, "m.gguf", log)
     lines = log.getvalue().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"mlxspec serve: --suffix-cache {path}: cannot use it (")
     assert lines[0].endswith("starting without it") and why in lines[0]
     assert w.tenants == {} and len(w.spec.suffix) == 0
-    suffix_cache.load(str(tmp_path / "absent.json"), w, "m.gguf", log)  # no file: an empty start, nothing said
+    suffix_cache.restore(str(tmp_path / "absent.json"), w, "m.gguf", log)  # no file: an empty start, nothing said
     assert len(log.getvalue().splitlines()) == 1
 
 

@@ -15,7 +15,7 @@ FORMAT = "mlxspec-suffix-cache"
 SHARED = "*"
 
 
-def load(path: str, worker, model: str, log) -> None:
+def restore(path: str, worker, model: str, log) -> None:
     """Fill the worker's suffix indexes from `path` (nothing when it does not exist)."""
     if not os.path.exists(path):
         return

@@ -170,7 +170,7 @@ class Worker:
             self.spec.use_shared(self.drafter, SuffixIndex(256))  # the warm-up's text joins no one's index
             self._warm_up()
             if self.suffix_cache:
-                suffix_cache.load(self.suffix_cache, self, self.model_name, self.log)
+                suffix_cache.restore(self.suffix_cache, self, self.model_name, self.log)
         except BaseException as e:  # noqa: BLE001 - reported by start()
             self.load_error = e
             self.ready.set()
