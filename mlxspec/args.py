@@ -23,7 +23,7 @@ def add_model_args(p):
                         "weights' hash, config _name_or_path, architecture and vocabulary), else prompt "
                         "lookup (ngram); 'none' = no drafter")
     p.add_argument("--spec-type", default="auto",
-                   help="auto | draft-dflash | draft-dspark | draft-dflash2 | draft-simple | ngram | none (default auto: the lineage "
+                   help="auto | draft-dflash | draft-dspark | draft-dflash2 | draft-eagle3 | draft-simple | ngram | none (default auto: the lineage "
                         "from the drafter's own parameters; ngram = model-free prompt lookup)")
     p.add_argument("--block-size", type=int, default=None, help="shorten the drafter's block (never lengthen)")
     p.add_argument("--num-draft-tokens", type=int, default=None, help="draft-simple: tokens per draft")

@@ -361,7 +361,7 @@ def test_draft_auto_knows_the_published_dflash2_drafter():
     for target in ("Qwen/Qwen3.8-27B", "mlx-community/Qwen3.8-27B-4bit", "unsloth/Qwen3.8-27B-Q4_K_M.gguf"):
         e = lookup(target)
         assert e["drafter"] == "z-lab/Qwen3.8-27B-DFlash2" and e["lineage"] == "dflash2", target
-    assert describe("Qwen/Qwen3.8-27B").startswith("z-lab/Qwen3.8-27B-DFlash2 (dflash2, z-lab; registry v3)")
+    assert describe("Qwen/Qwen3.8-27B").startswith("z-lab/Qwen3.8-27B-DFlash2 (dflash2, z-lab; registry v4)")
 
 
 def test_packed_blocks_equal_separate_drafts():

@@ -166,8 +166,8 @@ def test_qwen_spec_equals_ar(qwen):
 
 
 @pytest.mark.parametrize("name, arch, pairing", [
-    ("gemma3-270m", "gemma3_text", "shipped:gemma3-270m-dspark (dspark, mlxspec; registry v3)"),
-    ("qwen2.5-coder-0.5b", "qwen2", "no known drafter for 'qwen2.5-coder-0.5b-instruct' (registry v3); prompt lookup"),
+    ("gemma3-270m", "gemma3_text", "shipped:gemma3-270m-dspark (dspark, mlxspec; registry v4)"),
+    ("qwen2.5-coder-0.5b", "qwen2", "no known drafter for 'qwen2.5-coder-0.5b-instruct' (registry v4); prompt lookup"),
 ])
 def test_inspect_takes_the_short_names_generate_takes(name, arch, pairing):
     """`mlxspec inspect NAME` resolves a packaged short name as `--model NAME` does (its cached

@@ -340,7 +340,7 @@ def test_hub_ids_resolve_from_the_local_cache_offline(tmp_path):
     auto = _cli("generate", "--model", "tiny-org/gemma3-tiny", *common, hf_home=hf)
     assert auto.returncode == 0, auto.stderr
     assert auto.stdout == plain.stdout
-    assert ("mlxspec: --draft auto: no known drafter for 'gemma3-tiny' (registry v3); prompt lookup (ngram, "
+    assert ("mlxspec: --draft auto: no known drafter for 'gemma3-tiny' (registry v4); prompt lookup (ngram, "
             "model-free) under the adaptive verify policy; --draft PATH for a block drafter, --draft none for "
             "plain decoding") in auto.stderr.splitlines(), auto.stderr
     _, _, sp = api.load(str(hub_snapshot_dir(hf, "tiny-org/gemma3-tiny")), log=io.StringIO())
@@ -397,12 +397,12 @@ def test_draft_auto_picks_the_registry_drafter_and_validates_it(tmp_path):
     plain = _cli("generate", "--model", "mlx-community/Qwen3-8B-4bit", "--draft", "none", *common, hf_home=hf)
     auto = _cli("generate", "--model", "mlx-community/Qwen3-8B-4bit", *common, hf_home=hf)
     assert plain.returncode == 0 and auto.returncode == 0, auto.stderr
-    assert "--draft auto: deepseek-ai/dspark_qwen3_8b_block7 (dspark, deepspec; registry v3)" in auto.stderr
+    assert "--draft auto: deepseek-ai/dspark_qwen3_8b_block7 (dspark, deepspec; registry v4)" in auto.stderr
     assert "lineage=dspark" in auto.stderr
     assert auto.stdout == plain.stdout and plain.stdout.strip()
     r = _cli("inspect", "mlx-community/Qwen3-8B-4bit", hf_home=hf)
     assert r.returncode == 0, r.stderr
-    assert ("drafter (--draft auto): deepseek-ai/dspark_qwen3_8b_block7 (dspark, deepspec; registry v3); "
+    assert ("drafter (--draft auto): deepseek-ai/dspark_qwen3_8b_block7 (dspark, deepspec; registry v4); "
             "also published: z-lab/Qwen3-8B-DFlash-b16 (dflash)") in r.stdout
     # the registry's drafter for Qwen3-4B, but built for a wider model: refused before generating
     write_hub_repo(hf, "Qwen/Qwen3-4B", "qwen3")
@@ -429,7 +429,8 @@ def test_registry_table_is_well_formed():
     seen = set()
     for e in t["entries"]:
         assert set(e) == {"target", "drafter", "lineage", "source"}, e
-        assert e["lineage"] in ("dflash", "dspark", "dflash2") and e["source"] in ("mlxspec", "z-lab", "deepspec"), e
+        assert e["lineage"] in ("dflash", "dspark", "dflash2", "eagle3"), e
+        assert e["source"] in ("mlxspec", "z-lab", "deepspec", "angelslim", "redhat", "lmsys"), e
         assert e["drafter"] not in seen, e
         seen.add(e["drafter"])
         if e["drafter"].startswith("shipped:"):
