@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from mlxspec.drafters.registry import identify, lookup  # noqa: E402
 
-SHIPPED = "shipped:smollm2-135m-dspark"
+SHIPPED = "shipped:smollm2-135m-eagle3"  # the registry's first entry for SmolLM2 (it won the bench)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +45,7 @@ def test_a_renamed_copy_is_recognised_by_its_bytes(renamed):
     assert rc == 0, err
     assert ("  identified as: smollm2-135m-instruct (by sha256 of the packaged HuggingFaceTB/SmolLM2-135M-Instruct "
             "GGUF)") in out
-    assert f"  drafter (--draft auto): {SHIPPED} (dspark, mlxspec; registry v" in out
+    assert f"  drafter (--draft auto): {SHIPPED} (eagle3, mlxspec; registry v" in out
 
 
 def test_a_renamed_copy_generates_what_the_default_model_does(smollm2_path, renamed):
@@ -54,7 +54,7 @@ def test_a_renamed_copy_generates_what_the_default_model_does(smollm2_path, rena
     rc1, copy, err1 = _cli(["generate", "--model", str(renamed), *common])
     assert rc0 == 0 and rc1 == 0, err0 + err1
     assert copy == default and default.strip()
-    assert (f"mlxspec: --draft auto: {SHIPPED} (dspark, mlxspec; registry v" in err1
+    assert (f"mlxspec: --draft auto: {SHIPPED} (eagle3, mlxspec; registry v" in err1
             and "the target is SmolLM2-135M-Instruct, recognised by sha256 of the packaged" in err1), err1
     assert "no known drafter" not in err1
 
@@ -85,9 +85,9 @@ def test_without_names_the_shape_recognises_it(renamed, tmp_path):
                            "(the shape of SmolLM2-135M-Instruct)")
     from mlxspec.drafters.registry import describe
 
-    assert describe(str(p)).startswith(f"{SHIPPED} (dspark, mlxspec; registry v")
+    assert describe(str(p)).startswith(f"{SHIPPED} (eagle3, mlxspec; registry v")
     log = io.StringIO()
     from mlxspec.api import resolve_auto_draft
 
     draft, spec_type = resolve_auto_draft(str(p), log=log)
-    assert draft.endswith("smollm2-135m-dspark") and "recognised by GGUF metadata: architecture llama" in log.getvalue()
+    assert draft.endswith("smollm2-135m-eagle3") and "recognised by GGUF metadata: architecture llama" in log.getvalue()

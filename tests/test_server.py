@@ -153,7 +153,7 @@ def test_chat_greedy_equals_generate(server, reference):
     u = r.usage
     assert u.completion_tokens == N_REF and u.total_tokens == u.prompt_tokens + N_REF and u.prompt_tokens > 20
     ext = u.model_extra["mlxspec"]
-    assert ext["speculative"].startswith("dspark") and ext["target_forwards"] >= 1
+    assert ext["speculative"].startswith("eagle3") and ext["target_forwards"] >= 1  # the default drafter (registry)
     assert 0 <= ext["acceptance_rate"] <= 1 and ext["tau"] >= 1 and ext["verify_time_s"] > 0
     # streaming: the same text, in several chunks, with usage at the end
     text, finish, usage, chunks = _stream_text(
@@ -445,7 +445,7 @@ def test_anthropic_messages_equal_chat(server):
     assert r.usage.input_tokens + r.usage.cache_read_input_tokens == u.prompt_tokens
     assert r.usage.cache_read_input_tokens == u.prompt_tokens - 1
     ext = r.usage.model_extra["mlxspec"]
-    assert ext["speculative"].startswith("dspark") and ext["target_forwards"] >= 1 and ext["tau"] >= 1
+    assert ext["speculative"].startswith("eagle3") and ext["target_forwards"] >= 1 and ext["tau"] >= 1  # the default drafter (registry)
     assert a.messages.count_tokens(model=m, system=SYSTEM, messages=user).input_tokens == u.prompt_tokens
     # the system prompt as text blocks, content as text blocks: the same conversation
     blocks = [{"role": "user", "content": [{"type": "text", "text": PROMPT[:10]}, {"type": "text", "text": PROMPT[10:]}]}]
@@ -559,7 +559,7 @@ def test_responses_equal_chat(server):
     assert (r.usage.input_tokens, r.usage.output_tokens) == (u.prompt_tokens, N_REF)
     assert r.usage.total_tokens == u.prompt_tokens + N_REF
     assert r.usage.input_tokens_details.cached_tokens == u.prompt_tokens - 1  # the prefix cache is shared
-    assert r.usage.model_extra["mlxspec"]["speculative"].startswith("dspark")
+    assert r.usage.model_extra["mlxspec"]["speculative"].startswith("eagle3")
     # input as a message list (a developer message is a system message, as in chat), streamed
     items = [{"role": "developer", "content": SYSTEM},
              {"type": "message", "role": "user", "content": [{"type": "input_text", "text": PROMPT}]}]

@@ -90,7 +90,7 @@ def settings(a) -> dict:
     s["seed"] = a.seed
     s["texts"] = {c: sets[c][:n] for c in cats}
     if a.draft is None and a.model is None:
-        drafts = [str(p) for p in (shipped_drafter("dspark"), shipped_drafter("dflash")) if p]
+        drafts = [str(p) for p in (shipped_drafter("eagle3"), shipped_drafter("dspark"), shipped_drafter("dflash")) if p]
     elif a.draft is None:  # the drafters mlxspec ships for this target (registry.json)
         drafts = [e["path"] for e in candidates(a.model) if e["drafter"].startswith("shipped:")]
         if not drafts:
