@@ -116,18 +116,15 @@ def test_heldout_replay_equals_the_engine_for_eagle3(smollm2, tmp_path):
     from mlxspec.api import shipped_drafter
     from mlxspec.drafters.load import load_drafter
     from mlxspec.evaluate import evaluate_drafter
-    from mlxspec.train.eagle3 import heldout_lengths
+    from mlxspec.train.eagle3 import frozen_for_eagle3, heldout_lengths
     from mlxspec.train.heldout import build_heldout, heldout_tau
-    from mlxspec.targets.model import target_head_rows
 
     target, tok = smollm2
     path = shipped_drafter("eagle3")
     assert path is not None, "the shipped EAGLE-3 drafter is missing from mlxspec/weights/"
     m, cfg = load_drafter(str(path), target.info, log=io.StringIO())
     Eagle3Drafter(m, cfg, target)  # as the engine runs it (float32 on CPU)
-    d_ids = (np.asarray(m.d2t) + np.arange(cfg.draft_vocab_size)).astype(np.int64)
-    frozen = {"embed": target.embed(mx.arange(target.info.vocab_size)).astype(mx.float32),
-              "head": m.lm_head.weight.astype(mx.float32), "d_ids": d_ids}
+    frozen = frozen_for_eagle3(target, m)
     cats = ("code", "chat")
     store = build_heldout(target, tok, list(cfg.target_layer_ids), tmp_path / "heldout", n_per_category=2,
                           max_tokens=32, categories=cats)

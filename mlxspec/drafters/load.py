@@ -204,18 +204,27 @@ def check_drafter(raw: RawDrafter, cfg: DrafterConfig) -> None:
         v = getattr(cfg, name)
         if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
             raise MlxspecError(f"{path}: {name} {v!r} must be a finite number > 0; the drafter config is corrupt")
+    check_heads(cfg, path)
+    if cfg.lineage == "dflash2":
+        check_dflash2(cfg, path)
+    check_weights(raw.weights, cfg.vocab_size, path)
+
+
+def check_heads(cfg, path: str) -> None:
     if cfg.num_attention_heads % cfg.num_key_value_heads:
         raise MlxspecError(f"{path}: {cfg.num_attention_heads} attention heads are not a multiple of "
                            f"{cfg.num_key_value_heads} key/value heads; the drafter config is corrupt")
-    if cfg.lineage == "dflash2":
-        check_dflash2(cfg, path)
-    check_finite_weights({k: v for k, v in raw.weights.items() if k != "d2t"}, path)
-    d2t = raw.weights.get("d2t")
+
+
+def check_weights(weights: dict, vocab_size: int, path: str) -> None:
+    """Every float tensor finite; a reduced vocabulary's d2t maps inside the target's vocabulary."""
+    check_finite_weights({k: v for k, v in weights.items() if k != "d2t"}, path)
+    d2t = weights.get("d2t")
     if d2t is not None:
         ids = np.arange(d2t.shape[0]) + np.asarray(d2t).astype(np.int64).reshape(-1)
-        if ids.size and (ids.min() < 0 or ids.max() >= cfg.vocab_size):
+        if ids.size and (ids.min() < 0 or ids.max() >= vocab_size):
             raise MlxspecError(f"{path}: d2t maps draft ids to target ids {int(ids.min())}..{int(ids.max())}, outside "
-                               f"the vocabulary [0, {cfg.vocab_size}); the drafter weights are corrupt")
+                               f"the vocabulary [0, {vocab_size}); the drafter weights are corrupt")
 
 
 def check_dflash2(cfg: DrafterConfig, path: str) -> None:
@@ -371,16 +380,8 @@ def load_eagle3(raw: RawEagle3, info: TargetInfo | None, requested: str = "auto"
     """-> (Eagle3Model, Eagle3Config): taps resolved against the target, strict weights."""
     cfg, taps_from = eagle3_taps(raw.cfg, info, raw.path)
     cfg = replace(cfg, extra={**cfg.extra, "taps_from": taps_from})
-    check_finite_weights({k: v for k, v in raw.weights.items() if k != "d2t"}, raw.path)
-    d2t = raw.weights.get("d2t")
-    if d2t is not None:
-        ids = np.arange(d2t.shape[0]) + np.asarray(d2t).astype(np.int64).reshape(-1)
-        if ids.size and (ids.min() < 0 or ids.max() >= cfg.vocab_size):
-            raise MlxspecError(f"{raw.path}: d2t maps draft ids to target ids {int(ids.min())}..{int(ids.max())}, "
-                               f"outside the vocabulary [0, {cfg.vocab_size}); the drafter weights are corrupt")
-    if cfg.num_attention_heads % cfg.num_key_value_heads:
-        raise MlxspecError(f"{raw.path}: {cfg.num_attention_heads} attention heads are not a multiple of "
-                           f"{cfg.num_key_value_heads} key/value heads; the drafter config is corrupt")
+    check_weights(raw.weights, cfg.vocab_size, raw.path)
+    check_heads(cfg, raw.path)
     model = Eagle3Model(cfg)
     model.load_weights(list(raw.weights.items()), strict=True)
     mx.eval(model.parameters())

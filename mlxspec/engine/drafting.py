@@ -315,12 +315,17 @@ class BlockDrafter:
         return DraftOutput(tok_arr.tolist(), probs, None if conf is None else conf.tolist(), z_all)
 
     def _scatter(self, q_d: mx.array) -> mx.array:
-        """Draft-vocab distributions [n, Vd] -> target vocab [n, V]."""
-        if self.d2t is None:
-            return q_d
-        out = mx.zeros((q_d.shape[0], self.target.info.vocab_size), dtype=q_d.dtype)
-        out[:, self.d2t] = q_d
-        return out
+        return scatter_draft(q_d, self.d2t, self.target.info.vocab_size)
+
+
+def scatter_draft(q_d: mx.array, d2t: mx.array | None, vocab_size: int) -> mx.array:
+    """Draft-vocabulary distributions [n, Vd] -> target vocabulary [n, V] (d2t: the target id of
+    each draft id; None: the draft vocabulary is the target's)."""
+    if d2t is None:
+        return q_d
+    out = mx.zeros((q_d.shape[0], vocab_size), dtype=q_d.dtype)
+    out[:, d2t] = q_d
+    return out
 
 
 def _sample_rows(q: np.ndarray, rng: np.random.Generator) -> list[int]:

@@ -20,7 +20,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxspec.drafters.eagle3 import Eagle3Config, Eagle3Model, KVCache, causal_mask
-from mlxspec.engine.drafting import DraftOutput
+from mlxspec.engine.drafting import DraftOutput, scatter_draft
 from mlxspec.engine.verify import SamplingParams, probs_from_logits, sample_token
 from mlxspec.targets.load import default_dense
 from mlxspec.targets.model import Target, target_head_rows
@@ -128,13 +128,6 @@ class Eagle3Drafter:
             c.truncate(base)
         tok_arr, z_all = mx.concatenate(toks), mx.concatenate(zs)
         mx.eval(tok_arr, z_all)
-        probs = self._scatter(mx.concatenate(qs)) if qs else None
+        probs = scatter_draft(mx.concatenate(qs), self.d2t, self.target.info.vocab_size) if qs else None
         return DraftOutput(tok_arr.tolist(), probs, None, z_all)
 
-    def _scatter(self, q_d: mx.array) -> mx.array:
-        """Draft-vocabulary distributions [n, Vd] -> target vocabulary [n, V]."""
-        if self.d2t is None:
-            return q_d
-        out = mx.zeros((q_d.shape[0], self.target.info.vocab_size), dtype=q_d.dtype)
-        out[:, self.d2t] = q_d
-        return out

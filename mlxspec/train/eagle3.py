@@ -231,7 +231,11 @@ class Windows:
     """Random windows of one or more stores: tokens, taps, labels and the supervised range."""
 
     def __init__(self, stores: list[dict], seq_len: int, seed: int):
-        self.stores, self.L = stores, seq_len
+        self.L = seq_len
+        self.reload(stores, seed)
+
+    def reload(self, stores: list[dict], seed: int) -> None:
+        self.stores = stores
         self.rng = np.random.default_rng(seed)
         sizes = np.array([len(s["tokens"]) for s in stores], np.float64)
         self.p = sizes / sizes.sum()
@@ -288,14 +292,12 @@ def train_eagle3(target, stores: list[dict], out: str | Path, tc: Eagle3TrainCon
     cfg = make_config(target, tc, len(d_ids))
     mx.random.seed(tc.seed)
     model = Eagle3Model(cfg)
-    head = target_head_rows(target, mx.array(d_ids.astype(np.int32)))
-    t2d = np.full(V + 1, -1, np.int32)
-    t2d[d_ids] = np.arange(len(d_ids), dtype=np.int32)
-    frozen = {"embed": target.embed(mx.arange(V)).astype(mx.float32), "head": head, "t2d": mx.array(t2d[:V]),
-              "d_ids": d_ids}
-    model.lm_head.weight = head
+    model.lm_head.weight = target_head_rows(target, mx.array(d_ids.astype(np.int32)))
     if cfg.reduced_vocab:
         model.d2t = mx.array((d_ids - np.arange(len(d_ids))).astype(np.int32))
+    t2d = np.full(V, -1, np.int32)
+    t2d[d_ids] = np.arange(len(d_ids), dtype=np.int32)
+    frozen = {**frozen_for_eagle3(target, model), "t2d": mx.array(t2d)}
     if tc.init == "target" and not state:
         init_from_target(model, target, tc.taps)
     model.lm_head.freeze()
@@ -312,7 +314,7 @@ def train_eagle3(target, stores: list[dict], out: str | Path, tc: Eagle3TrainCon
     log(f"mlxspec train: eagle3 taps={list(tc.taps)} draft_vocab={len(d_ids)} ttt_steps={tc.ttt_steps} "
         f"loss={tc.loss} windows={sum(len(s['tokens']) for s in stores)}")
     windows = Windows(stores, tc.seq_len, tc.seed + step)
-    mx.eval(model.parameters(), frozen["embed"], frozen["head"])
+    mx.eval(model.parameters())
     grad_fn = nn.value_and_grad(model, lambda m, b: loss_fn(m, frozen, b, tc))
     budget = tc.minutes * 60
 
@@ -331,8 +333,6 @@ def train_eagle3(target, stores: list[dict], out: str | Path, tc: Eagle3TrainCon
         (out / "history.json").write_text(json.dumps({"config": asdict(tc), "history": history}, indent=1))
 
     def evaluate():
-        from mlxspec.train.heldout import CATEGORIES
-
         ho = heldout_tau(model, frozen, heldout, lengths=heldout_lengths(model, frozen, tc.ttt_steps),
                          n_drafts=tc.ttt_steps)
         point = {"step": step, "minutes": seconds / 60, "heldout": {
@@ -343,7 +343,6 @@ def train_eagle3(target, stores: list[dict], out: str | Path, tc: Eagle3TrainCon
         log(f"step {step} ({seconds / 60:.1f} min): held-out " + ", ".join(
             f"{c} tau {r['tau']:.3f} row1 {r['row1']:.3f}" for c, r in point["heldout"].items()))
         save_drafter(model, replace(cfg, max_drafts=tc.ttt_steps), out / "hf", "speculators-eagle3", target=target)
-        return CATEGORIES
 
     if heldout and not history:
         evaluate()
@@ -380,8 +379,7 @@ def train_eagle3(target, stores: list[dict], out: str | Path, tc: Eagle3TrainCon
             checkpoint()
             last_save = seconds
             if reload is not None:  # windows a concurrent preparation finished since
-                windows.stores = reload()
-                windows.__init__(windows.stores, tc.seq_len, tc.seed + step)
+                windows.reload(reload(), tc.seed + step)
     bar.close()
     if heldout and (not history or history[-1].get("step") != step or "heldout" not in history[-1]):
         evaluate()

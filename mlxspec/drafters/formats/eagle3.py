@@ -18,12 +18,10 @@ one too deep and acceptance collapses with no error: the PR #122 failure, for ta
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import replace
 
 import mlx.core as mx
-import numpy as np
 from mlx.utils import tree_flatten
 
 from mlxspec import validate as V
@@ -269,11 +267,7 @@ def _tensors(model: Eagle3Model, cfg: Eagle3Config, target, path: str, fmt: str,
         if name == "embed_tokens.weight" and not with_embed:
             continue
         if name == "d2t":
-            d2t = np.asarray(a).astype(np.int64)
-            out["d2t"] = mx.array(d2t)
-            t2d = np.zeros(cfg.vocab_size, dtype=np.bool_)
-            t2d[np.arange(d2t.shape[0]) + d2t] = True
-            out["t2d"] = mx.array(t2d)
+            out.update(hf.vocab_maps(a, cfg.vocab_size))
             continue
         out[("midlayer." + name[len("layers.0."):]) if fmt == "specforge" and name.startswith("layers.0.") else name] = a
     if with_embed and "embed_tokens.weight" not in out:
@@ -313,7 +307,7 @@ def write_speculators(model: Eagle3Model, cfg: Eagle3Config, path: str, target=N
             "default_proposal_method": "greedy", "verifier": verifier or {"name_or_path": None, "architectures": []},
         },
     }
-    _save(path, config, _tensors(model, cfg, target, path, "speculators", with_embed))
+    hf.save_dir(path, config, _tensors(model, cfg, target, path, "speculators", with_embed))
 
 
 def write_specforge(model: Eagle3Model, cfg: Eagle3Config, path: str, target=None, with_embed: bool = False) -> None:
@@ -330,11 +324,4 @@ def write_specforge(model: Eagle3Model, cfg: Eagle3Config, path: str, target=Non
               "norm_before_residual": bool(cfg.norm_before_residual),
               "eagle_config": {"eagle_aux_hidden_state_layer_ids": [int(t) for t in cfg.target_layer_ids],
                                "use_aux_hidden_state": True}}
-    _save(path, config, _tensors(model, cfg, target, path, "specforge", with_embed))
-
-
-def _save(path: str, config: dict, tensors: dict) -> None:
-    os.makedirs(path, exist_ok=True)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(config, f, indent=2)
-    mx.save_safetensors(os.path.join(path, "model.safetensors"), tensors, metadata={"format": "pt"})
+    hf.save_dir(path, config, _tensors(model, cfg, target, path, "specforge", with_embed))

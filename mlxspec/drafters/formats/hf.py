@@ -307,13 +307,22 @@ def write_dir(model, cfg: DrafterConfig, path: str, config: dict, tensors: dict 
     tensors = dict(tensors or {})
     for name, arr in model_tensors(model).items():
         if name == "d2t":
-            d2t = np.asarray(arr).astype(np.int64)
-            tensors["d2t"] = mx.array(d2t)
-            t2d = np.zeros(cfg.vocab_size, dtype=np.bool_)
-            t2d[np.arange(d2t.shape[0]) + d2t] = True
-            tensors["t2d"] = mx.array(t2d)
+            tensors.update(vocab_maps(arr, cfg.vocab_size))
         else:
             tensors[hf_name(name)] = arr
+    save_dir(path, config, tensors)
+
+
+def vocab_maps(d2t, vocab_size: int) -> dict:
+    """A reduced vocabulary as written: d2t (int64 offsets) and t2d (bool, the kept target ids)."""
+    d2t = np.asarray(d2t).astype(np.int64)
+    t2d = np.zeros(vocab_size, dtype=np.bool_)
+    t2d[np.arange(d2t.shape[0]) + d2t] = True
+    return {"d2t": mx.array(d2t), "t2d": mx.array(t2d)}
+
+
+def save_dir(path: str, config: dict, tensors: dict) -> None:
+    """config.json + model.safetensors."""
     os.makedirs(path, exist_ok=True)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
