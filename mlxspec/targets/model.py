@@ -147,8 +147,9 @@ class Target:
         trim_cache(cache, n)
 
     # -- forward --------------------------------------------------------------------
-    def _run(self, fn, tokens, cache, taps, logits):
-        """One pass of the model's own forward with the decoder layers hooked."""
+    def _run(self, fn, tokens, cache, taps, logits, tree=None):
+        """One pass of the model's own forward with the decoder layers hooked (all of them for a
+        tree: `mlxspec.targets.tree.TreeForward` replaces their masks and RoPE positions)."""
         inner = self.inner
         layers = inner.layers
         L = tokens.shape[1]
@@ -173,6 +174,8 @@ class Target:
                         states.append((list(c.cache), c.lengths, c.left_padding))
                     step.states[i] = states
                     h = mx.concatenate(outs, axis=1)
+                elif tree is not None:
+                    h = tree.call_layer(layer, cache[i], x, args, kwargs)
                 else:
                     if i in recurrent and L <= REPLAY_MAX:
                         step.inputs[i] = (layer, x, args, kwargs)
@@ -185,10 +188,12 @@ class Target:
 
             return call
 
-        hooks = set(want) | recurrent
+        hooks = set(range(len(layers))) if tree is not None else set(want) | recurrent
         saved = {i: layers[i] for i in hooks}
         norm = inner.get("norm") if logits == "last" else None
         try:
+            if tree is not None:
+                tree.swap_ropes([saved[i] for i in sorted(saved)])
             for i in hooks:
                 layers[i] = _Hook(saved[i], hooked(i))
             if norm is not None:
@@ -197,6 +202,8 @@ class Target:
         except _Stop:
             out = None
         finally:
+            if tree is not None:
+                tree.restore()
             for i, layer in saved.items():
                 layers[i] = layer
             if norm is not None:
@@ -210,8 +217,13 @@ class Target:
         cache: list,
         taps: Sequence[int] = (),
         logits: str = "all",
+        tree=None,
     ) -> tuple[mx.array | None, mx.array | None]:
         """Run tokens [1, L] through the target, appending to `cache`.
+
+        tree: the parents of the L tokens (a tree in topological order, `parents[0] == -1`;
+        `mlxspec.targets.tree`): row i then attends to its ancestors only and sits at its
+        depth; keep the accepted path with `keep_rows`. Only where `tree_support` is None.
 
         Returns (logits, taps): logits [1, L, V] ("all"), [1, 1, V] ("last") or None;
         taps [1, L, len(taps) * H] (the outputs of the requested layers, concatenated
@@ -223,7 +235,14 @@ class Target:
         if logits == "none":
             _, tap_out = self._run(lambda: self.inner(tokens, cache=cache), tokens, cache, taps, logits)
             return None, tap_out
-        out, tap_out = self._run(lambda: self.model(tokens, cache=cache), tokens, cache, taps, logits)
+        tf = None
+        if tree is not None:
+            from mlxspec.targets.tree import TreeForward
+
+            tf = TreeForward(tree)
+            if tf.n != tokens.shape[1]:
+                raise ValueError(f"a tree of {tf.n} nodes for {tokens.shape[1]} tokens")
+        out, tap_out = self._run(lambda: self.model(tokens, cache=cache), tokens, cache, taps, logits, tf)
         if logits == "last" and out.shape[1] != 1:
             out = out[:, -1:]
         return out, tap_out
