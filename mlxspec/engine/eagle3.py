@@ -21,6 +21,7 @@ import numpy as np
 
 from mlxspec.drafters.eagle3 import Eagle3Config, Eagle3Model, KVCache, causal_mask
 from mlxspec.engine.drafting import DraftOutput, scatter_draft
+from mlxspec.engine.tree import SIBLING_DECAY, DraftTree, top_candidates
 from mlxspec.engine.verify import SamplingParams, probs_from_logits, sample_token
 from mlxspec.targets.load import default_dense
 from mlxspec.targets.model import Target, target_head_rows
@@ -131,3 +132,56 @@ class Eagle3Drafter:
         probs = scatter_draft(mx.concatenate(qs), self.d2t, self.target.info.vocab_size) if qs else None
         return DraftOutput(tok_arr.tolist(), probs, None, z_all)
 
+
+    def draft_tree(self, tree: DraftTree, depth: int, width: int, sp: SamplingParams, rng: np.random.Generator,
+                   p: np.ndarray) -> int:
+        """EAGLE-2's dynamic tree, added to `tree` (rooted at the anchor): at each depth the
+        `width` best children of every frontier node join the tree, and the `width` best new
+        nodes (by path score) become the next frontier, run in ONE drafter forward whose tree
+        mask lets each row see the committed pairs and its own ancestors' rows (position:
+        committed + depth - 1, as the chain). Scores: parent * p[depth - 1] * (q(x_r) / q(x_0))
+        greedy, * SIBLING_DECAY**r sampled (children drawn without replacement in draw order,
+        each recorded with the distribution it was drawn from). -> drafter forwards run."""
+        self._commit(tree.nodes[0].token)
+        if depth <= 0 or self._last_h is None:
+            return 0
+        base = self.committed
+        V = self.target.info.vocab_size
+        frontier = [(0, self._last_h[0, 0])]  # (tree node, its pre-norm output [H])
+        rows: list[int] = []  # the tree node of each tentative drafter row, in cache order
+        forwards = 0
+        for d in range(depth):
+            z = self.logits(mx.stack([h for _, h in frontier])[None])[0]  # [m, Vd]
+            q = mx.softmax(z, axis=-1) if sp.greedy else probs_from_logits(z, sp)
+            qn = np.asarray(q.astype(mx.float32))
+            cand = top_candidates(qn, width, None if sp.greedy else rng)
+            tgt = np.asarray(self.to_target(mx.array(cand.astype(np.int32))))
+            pd = float(p[min(d, len(p) - 1)])
+            qt = None if sp.greedy else np.asarray(scatter_draft(q, self.d2t, V))
+            children = []
+            for j, (node, _) in enumerate(frontier):
+                ps = tree.nodes[node].score
+                for r in range(cand.shape[1]):
+                    rel = qn[j, cand[j, r]] / max(qn[j, cand[j, 0]], 1e-12) if sp.greedy else SIBLING_DECAY ** r
+                    k = tree.add(node, int(tgt[j, r]), ps * pd * rel, "drafter",
+                                 None if sp.greedy else qt[j], () if sp.greedy else tuple(int(t) for t in tgt[j, :r]))
+                    children.append((k, j))
+            if d == depth - 1:
+                break
+            best = sorted(children, key=lambda c: (-tree.nodes[c[0]].score, c[0]))[:width]
+            m, before = len(best), len(rows)
+            emb = self.embed(mx.array([[tree.nodes[k].token for k, _ in best]])).astype(frontier[0][1].dtype)
+            hid = self.model.feedback(mx.stack([frontier[j][1] for _, j in best])[None])
+            vis = np.zeros((m, base + before + m), bool)
+            vis[:, :base] = True
+            for i, (k, _) in enumerate(best):
+                anc = set(tree.path(k))
+                vis[i, base:base + before] = [r in anc for r in rows]
+                vis[i, base + before + i] = True
+            out = self.model(emb, hid, mx.full((m,), base + d, dtype=mx.int32), self.cache, mx.array(vis))
+            forwards += 1
+            rows += [k for k, _ in best]
+            frontier = [(k, out[0, i]) for i, (k, _) in enumerate(best)]
+        for c in self.cache:
+            c.truncate(base)
+        return forwards + 1

@@ -29,8 +29,9 @@ import mlx.core as mx
 import numpy as np
 
 from mlxspec.engine.drafting import Drafter, NoDrafter
-from mlxspec.engine.policy import FixedLength, LengthPolicy
-from mlxspec.engine.step import propose, record
+from mlxspec.engine.policy import FixedLength, LengthPolicy, Source
+from mlxspec.engine.step import Proposal, propose, record
+from mlxspec.engine.tree_step import TreeSettings, tree_step
 from mlxspec.engine.verify import (
     SamplingParams,
     accept_greedy,
@@ -39,7 +40,9 @@ from mlxspec.engine.verify import (
     probs_from_logits,
     sample_token,
 )
+from mlxspec.logger import say
 from mlxspec.targets.model import Target, cache_length, trim_cache
+from mlxspec.targets.tree import tree_support
 
 
 class InvariantError(AssertionError):
@@ -149,6 +152,7 @@ def generate_steps(
     stats: SpecStats | None = None,
     check_invariants: bool = True,
     cache: list | None = None,
+    tree=None,
 ) -> Iterator[list[int]]:
     """Yield the tokens committed at each step (the first yield is the prefill's token).
 
@@ -162,6 +166,10 @@ def generate_steps(
     of them) and only the rest is prefilled; the drafter's `begin` then gets the taps of
     the uncached part only, so its caller must supply the prefix's context. The cache is
     updated in place.
+
+    tree: `mlxspec.engine.tree_step.TreeSettings` (or "off" / "auto" / a node count): verify a
+    tree of candidates per step instead of one chain, where the target can (one log line says
+    why not where it cannot: recurrent layers).
     """
     drafter = drafter or NoDrafter()
     policy = FixedLength() if policy is None else policy
@@ -187,15 +195,30 @@ def generate_steps(
         stats.gen_time = time.perf_counter() - t_gen
         return
     anchor, produced = first, 1
+    trees = tree_settings(target, tree)
 
     while produced < max_tokens:
         if check_invariants:
             _check(target, cache, drafter, len(prompt_ids) + produced - 1)
         # 1-2. draft and truncate, as the policy chooses (never more than can still be
         # committed: the bonus takes one slot)
+        n_cap = min(drafter.max_drafts, max_tokens - produced - 1)
+        res = tree_step(target, cache, drafter, policy, anchor, n_cap, sampling, rng, trees, taps, stats) \
+            if trees.on and n_cap > 0 else None
+        if res is not None:  # a tree was verified; else (trees off, or an autoregressive plan) a chain
+            accepted, nxt = res
+            committed = accepted + [nxt]
+            produced, done = _commit(committed, eos_ids, max_tokens, produced)
+            stats.generated = produced
+            stats.gen_time = time.perf_counter() - t_gen
+            yield done
+            if done[-1] in eos_ids:
+                return
+            anchor = done[-1]
+            continue
         td = time.perf_counter()
-        pr = propose(drafter, policy, anchor, min(drafter.max_drafts, max_tokens - produced - 1), sampling, rng,
-                     target.info.vocab_size)
+        pr = propose(drafter, policy, anchor, n_cap, sampling, rng, target.info.vocab_size) if not trees.on \
+            else Proposal([], None, Source.NONE, None, 0.0)
         drafts = pr.drafts
         stats.draft_time += time.perf_counter() - td
         # 3. verify [anchor, drafts] in one forward
@@ -226,13 +249,7 @@ def generate_steps(
             drafter.accept([anchor] + drafts[:a], None)
         stats.verify_time += time.perf_counter() - tv
         record(stats, policy, pr, a, t_verified)
-        committed = drafts[:a] + [nxt]
-        for i, t in enumerate(committed):  # stop right after an EOS
-            if t in eos_ids:
-                committed = committed[: i + 1]
-                break
-        committed = committed[: max_tokens - produced]
-        produced += len(committed)
+        produced, committed = _commit(drafts[:a] + [nxt], eos_ids, max_tokens, produced)
         stats.generated = produced
         stats.gen_time = time.perf_counter() - t_gen
         yield committed
@@ -240,6 +257,31 @@ def generate_steps(
             return
         anchor = committed[-1]
     stats.gen_time = time.perf_counter() - t_gen
+
+
+def _commit(committed: list, eos_ids, max_tokens: int, produced: int) -> tuple[int, list]:
+    """The tokens a step commits: up to and including an EOS, within max_tokens."""
+    for i, t in enumerate(committed):  # stop right after an EOS
+        if t in eos_ids:
+            committed = committed[: i + 1]
+            break
+    committed = committed[: max_tokens - produced]
+    return produced + len(committed), committed
+
+
+def tree_settings(target: Target, tree) -> TreeSettings:
+    """The step's tree settings, off (with one log line saying why) where the target cannot
+    verify trees."""
+    ts = TreeSettings.parse(tree)
+    if ts.on:
+        why = getattr(target, "_tree_why", False)
+        if why is False:
+            why = target._tree_why = tree_support(target)
+            if why:
+                say(f"mlxspec: --tree {ts.mode if ts.mode != 'fixed' else ts.nodes}: {why}")
+        if why:
+            return TreeSettings("off")
+    return ts
 
 
 def _pick(logits: mx.array, sp: SamplingParams, rng) -> int:

@@ -27,6 +27,7 @@ class NgramIndex:
     """Most recent end position of every n-gram (n_min..n_max) in a growing token list."""
 
     name = "ngram"
+    MAX_ENDS = 8
 
     def __init__(self, n_min: int = 2, n_max: int = 4):
         if not 1 <= n_min <= n_max:
@@ -34,9 +35,10 @@ class NgramIndex:
         self.n_min, self.n_max = n_min, n_max
         self.tokens: list[int] = []
         self.last: dict[tuple, int] = {}
+        self.ends: dict[tuple, list] = {}  # the n-gram's earlier end positions (most recent MAX_ENDS)
 
     def reset(self, tokens) -> None:
-        self.tokens, self.last = [], {}
+        self.tokens, self.last, self.ends = [], {}, {}
         self.extend(tokens)
 
     def extend(self, tokens) -> None:
@@ -44,7 +46,14 @@ class NgramIndex:
             self.tokens.append(int(t))
             i = len(self.tokens) - 1
             for n in range(self.n_min, min(self.n_max, i + 1) + 1):
-                self.last[tuple(self.tokens[i - n + 1 : i + 1])] = i
+                key = tuple(self.tokens[i - n + 1 : i + 1])
+                prev = self.last.get(key)
+                if prev is not None:  # a repeat: keep the earlier ends too (trees use them)
+                    ends = self.ends.setdefault(key, [prev])
+                    ends.append(i)
+                    if len(ends) > self.MAX_ENDS:
+                        del ends[0]
+                self.last[key] = i
 
     def propose(self, anchor: int, k: int) -> tuple[list[int], int]:
         """Up to k tokens that followed the longest matching n-gram ending in `anchor`
@@ -64,6 +73,41 @@ class NgramIndex:
                 cur += 1
             return out, n
         return [], 0
+
+
+def _continuation(seq: list, end: int, k: int) -> list:
+    out: list[int] = []
+    cur = end + 1  # continue after the earlier occurrence; periodic text extends itself
+    while len(out) < k:
+        out.append(seq[cur] if cur < len(seq) else out[cur - len(seq)])
+        cur += 1
+    return out
+
+
+def propose_many(index, anchor: int, k: int, width: int) -> tuple[list[list[int]], int]:
+    """Up to `width` distinct continuations (most recent first) of the longest n-gram ending
+    in `anchor` -> (continuations, n of the match); an index without the method gives its one
+    proposal (a tree of one path)."""
+    if not hasattr(index, "ends"):
+        toks, m = index.propose(anchor, k)
+        return ([toks] if toks else []), m
+    if k <= 0:
+        return [], 0
+    seq = index.tokens + [int(anchor)]
+    for n in range(min(index.n_max, len(seq) - 1), index.n_min - 1, -1):
+        key = tuple(seq[-n:])
+        last = index.last.get(key)
+        if last is None:
+            continue
+        outs: list[list[int]] = []
+        for end in reversed(index.ends.get(key, [last])):
+            c = _continuation(seq, end, k)
+            if c not in outs:
+                outs.append(c)
+            if len(outs) >= width:
+                break
+        return outs, n
+    return [], 0
 
 
 def lookup_output(tokens: list[int], sp, vocab_size: int) -> DraftOutput:

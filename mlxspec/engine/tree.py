@@ -1,0 +1,261 @@
+"""Tree drafting and tree verification: several candidate continuations in one target forward.
+
+A step's tree is rooted at the anchor. Its nodes come from every source the step uses, merged
+(a token proposed twice under the same parent is one node):
+
+- prompt lookup: every distinct continuation of the matched n-gram's earlier occurrences
+  (`NgramIndex.propose_many`), most recent first;
+- a block drafter (DFlash, DSpark, DFlash 2): best-first over the block's rows, DDTree's way:
+  the children of a node at depth k are row k+1's most probable tokens;
+- a chain drafter (EAGLE-3): EAGLE-2's dynamic tree: at each depth the drafter runs the most
+  promising frontier nodes in one forward with a tree mask (`Eagle3Drafter.draft_tree`).
+
+Every node carries a score: the estimated probability that its whole path is accepted (the
+policy's running per-position acceptance of its source, times the drafter's relative
+probability of the alternative). Children are ordered and their scores fall with their rank,
+so the `budget` best nodes (`DraftTree.select`) form a tree whose every node keeps a prefix of
+its children. With the adaptive policy the budget itself is chosen by cost
+(`choose_budget`): the node count that maximises (1 + sum of the kept scores) / (draft time +
+verify time of that many rows), as the chain's length is chosen.
+
+Verification (`accept_greedy` / `accept_sampled`) walks down from the root:
+
+- greedy: follow the child whose token is the target's argmax; the bonus is the argmax where
+  no child matches. The output is the target's greedy output, always.
+- sampled: at each node the children are tried in order with recursive rejection sampling
+  (SpecInfer, SpecTr, Sequoia): a lookup child x (deterministic: its proposal is a point mass)
+  is accepted with probability p(x), and on rejection p loses x; a sampled drafter child,
+  drawn without replacement from the drafter's q (q_i = q without the siblings drawn before
+  it), is accepted with probability min(1, p(x) / q_i(x)), and on rejection
+  p <- normalize(max(p - q_i, 0)). When every child is rejected the next token is drawn from
+  what is left of p. Each token then has exactly the target's distribution, whatever the tree
+  (tested against the exact distribution in tests/test_tree.py).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mlxspec.engine.verify import _draw, _nonfinite
+
+SIBLING_DECAY = 0.5  # sampled children: score by rank (their sampled order), never by value
+
+
+@dataclass
+class TreeNode:
+    token: int
+    parent: int
+    depth: int
+    score: float
+    source: str  # "root" | "lookup" | "drafter"
+    q: np.ndarray | None = None  # a sampled drafter child: the distribution it was drawn from
+    excl: tuple = ()  # ... without these tokens (its siblings drawn before it)
+    kids: list = field(default_factory=list)
+
+
+class DraftTree:
+    def __init__(self, anchor: int):
+        self.nodes = [TreeNode(int(anchor), -1, 0, 1.0, "root")]
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def tokens(self) -> list[int]:
+        return [n.token for n in self.nodes]
+
+    @property
+    def parents(self) -> list[int]:
+        return [n.parent for n in self.nodes]
+
+    def child(self, parent: int, token: int) -> int | None:
+        for k in self.nodes[parent].kids:
+            if self.nodes[k].token == token and self.nodes[k].q is None:
+                return k
+        return None
+
+    def add(self, parent: int, token: int, score: float, source: str, q=None, excl=()) -> int:
+        """A child of `parent`; a deterministic token already there is merged (best score kept)."""
+        token = int(token)
+        if q is None:
+            k = self.child(parent, token)
+            if k is not None:
+                self.nodes[k].score = max(self.nodes[k].score, score)
+                return k
+        p = self.nodes[parent]
+        self.nodes.append(TreeNode(token, parent, p.depth + 1, float(score), source, q, tuple(excl)))
+        p.kids.append(len(self.nodes) - 1)
+        return len(self.nodes) - 1
+
+    def path(self, i: int) -> list[int]:
+        out = []
+        while i >= 0:
+            out.append(i)
+            i = self.nodes[i].parent
+        return out[::-1]
+
+    def ranked(self) -> list[int]:
+        """Non-root nodes, best first, never a node before its parent (a merge can lift a
+        child's score above its parent's: it then waits for the parent)."""
+        order = sorted(range(1, len(self.nodes)), key=lambda i: (-self.nodes[i].score, self.nodes[i].depth, i))
+        out, have, waiting = [], {0}, {}
+        for i in order:
+            stack = [i]
+            while stack:
+                j = stack.pop()
+                if self.nodes[j].parent in have:
+                    out.append(j)
+                    have.add(j)
+                    stack.extend(waiting.pop(j, []))
+                else:
+                    waiting.setdefault(self.nodes[j].parent, []).append(j)
+        return out
+
+    def select(self, budget: int) -> "DraftTree":
+        """The root and the `budget` best nodes, re-indexed in depth order (a topological order)."""
+        keep = set(self.ranked()[: max(budget, 0)]) | {0}
+        order = sorted(keep, key=lambda i: (self.nodes[i].depth, i))
+        new_idx = {old: new for new, old in enumerate(order)}
+        out = DraftTree(self.nodes[0].token)
+        out.nodes = []
+        for old in order:
+            n = self.nodes[old]
+            out.nodes.append(TreeNode(n.token, new_idx.get(n.parent, -1), n.depth, n.score, n.source, n.q, n.excl))
+        for old in order:  # children in their original order (lookup first, drafter by rank)
+            out.nodes[new_idx[old]].kids = [new_idx[k] for k in self.nodes[old].kids if k in keep]
+        return out
+
+    def scores(self) -> list[float]:
+        return [self.nodes[i].score for i in self.ranked()]
+
+
+# ------------------------------------------------------------------------------- builders
+
+def add_lookup(tree: DraftTree, continuations: list, p: np.ndarray) -> None:
+    """Lookup continuations (most recent first) as deterministic paths: a node at depth j scores
+    its parent's score times p[j-1] (the lookup's conditional acceptance there), halved where a
+    later continuation branches off an earlier one."""
+    for rank, cont in enumerate(continuations):
+        at, branched = 0, rank == 0
+        for j, t in enumerate(cont):
+            k = tree.child(at, t)
+            if k is None:
+                f = float(p[min(j, len(p) - 1)]) * (1.0 if branched else SIBLING_DECAY)
+                branched = True
+                k = tree.add(at, t, tree.nodes[at].score * f, "lookup")
+            at = k
+
+
+def add_rows(tree: DraftTree, rows: np.ndarray, ids: np.ndarray, p: np.ndarray, budget: int, width: int,
+             sampled_q: np.ndarray | None = None) -> None:
+    """A block drafter's rows as a tree, best first (DDTree): rows [n, k] candidate target ids of
+    each row, best first (greedy: top-k; sampled: drawn without replacement, in draw order);
+    ids/probs: `ids` [n, k] and `rows` [n, k] their draft probabilities. Child r of a node at
+    depth j scores parent * p[j] * (probs[j, r] / probs[j, 0]) greedy, * SIBLING_DECAY**r sampled
+    (sampled_q [n, V]: the rows' distributions, recorded for verification)."""
+    n, k = ids.shape
+    k = min(k, width)
+
+    def rel(j, r):
+        if sampled_q is not None:
+            return SIBLING_DECAY ** r
+        return float(rows[j, r] / max(rows[j, 0], 1e-12))
+
+    heap = [(-(float(p[0]) * rel(0, 0)), 0, 0, 0)]  # (-score, parent node, depth index j, rank r)
+    made = 0
+    while heap and made < budget:
+        neg, parent, j, r = heapq.heappop(heap)
+        s = -neg
+        excl = tuple(int(t) for t in ids[j, :r]) if sampled_q is not None else ()
+        node = tree.add(parent, int(ids[j, r]), s, "drafter", None if sampled_q is None else sampled_q[j], excl)
+        made += 1
+        if r + 1 < k and ids[j, r + 1] >= 0:
+            ps = tree.nodes[parent].score
+            heapq.heappush(heap, (-(ps * float(p[min(j, len(p) - 1)]) * rel(j, r + 1)), parent, j, r + 1))
+        if j + 1 < n:
+            heapq.heappush(heap, (-(tree.nodes[node].score * float(p[min(j + 1, len(p) - 1)]) * rel(j + 1, 0)),
+                                  node, j + 1, 0))
+
+
+def top_candidates(q: np.ndarray, width: int, rng=None) -> np.ndarray:
+    """Row-wise: the `width` most probable ids (rng None), or `width` ids drawn without
+    replacement in draw order (Gumbel top-k: the sorted perturbed log-probabilities are a
+    sequential draw without replacement)."""
+    q = np.asarray(q, np.float64)
+    if rng is None:
+        return np.argsort(-q, axis=-1, kind="stable")[..., :width]
+    with np.errstate(divide="ignore"):
+        g = np.log(q) - np.log(-np.log(rng.random(q.shape)))
+    return np.argsort(-g, axis=-1, kind="stable")[..., :width]
+
+
+def choose_budget(scores: list[float], verify_time, draft_time: float, cap: int) -> int:
+    """The node count (0..cap, within the measured verify lengths) that maximises expected
+    tokens per second: (1 + sum of the best scores) / (draft_time + verify_time[count])."""
+    cap = min(cap, len(scores), len(verify_time) - 1)
+    best_n, best = 0, 1.0 / verify_time[0]
+    e = 1.0
+    for m in range(1, cap + 1):
+        e += scores[m - 1]
+        r = e / (draft_time + verify_time[m])
+        if r > best * (1 + 1e-9):
+            best_n, best = m, r
+    return best_n
+
+
+# ------------------------------------------------------------------------------- verification
+
+def accept_greedy(tree: DraftTree, argmax: list[int]) -> tuple[list[int], int]:
+    """argmax [n] (the target's choice after each node) -> (accepted path of node indices,
+    root first, and the bonus token)."""
+    i, path = 0, [0]
+    while True:
+        t = int(argmax[i])
+        nxt = next((k for k in tree.nodes[i].kids if tree.nodes[k].token == t), None)
+        if nxt is None:
+            return path, t
+        path.append(nxt)
+        i = nxt
+
+
+def accept_sampled(tree: DraftTree, p_rows: np.ndarray, rng: np.random.Generator) -> tuple[list[int], int]:
+    """p_rows [n, V] (the target's distribution after each node, sampling transform applied)
+    -> (accepted path, the next token) by recursive rejection over each node's children."""
+    if not np.isfinite(p_rows).all():
+        raise _nonfinite()
+    i, path = 0, [0]
+    while True:
+        p = np.asarray(p_rows[i], np.float64)
+        p = p / p.sum()
+        nxt = None
+        for k in tree.nodes[i].kids:
+            node = tree.nodes[k]
+            x = node.token
+            if node.q is None:  # a deterministic candidate: a point-mass proposal
+                if rng.random() < p[x]:
+                    nxt = k
+                    break
+                p[x] = 0.0
+            else:
+                q = np.asarray(node.q, np.float64).copy()
+                if node.excl:
+                    q[list(node.excl)] = 0.0
+                s = q.sum()
+                if not (np.isfinite(s) and s > 0):
+                    continue  # a broken draft row proposes nothing
+                q /= s
+                if q[x] > 0 and rng.random() * q[x] < p[x]:
+                    nxt = k
+                    break
+                p = np.maximum(p - q, 0.0)
+            s = p.sum()
+            if s <= 0:  # only when p equalled the proposal, where rejecting is impossible in exact arithmetic
+                p, s = np.asarray(p_rows[i], np.float64), float(np.sum(p_rows[i]))
+            p = p / s
+        if nxt is None:
+            return path, int(_draw(p, rng))
+        path.append(nxt)
+        i = nxt

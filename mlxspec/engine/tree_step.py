@@ -1,0 +1,208 @@
+"""One speculative step over a tree (`mlxspec.engine.tree`): plan, draft the tree, verify it in
+one target forward, keep the accepted path. The loop (`mlxspec.engine.loop.generate_steps`)
+calls `tree_step` instead of its chain step when trees are on (`TreeSettings`, `--tree`).
+
+What the step drafts follows the policy's plan, so a tree never costs more drafting than the
+chain it replaces: an autoregressive plan stays a plain step; a lookup plan becomes a lookup
+tree (every distinct continuation of the match); a drafter plan becomes the drafter's tree
+with the lookup's continuations merged in (free). How many nodes are verified: `--tree N` with
+`--verify-policy fixed` always N (trees and chains compare at equal rows); otherwise at most N
+(auto: as many as the measured verify costs allow), chosen by `choose_budget` from the nodes'
+scores and the policy's measured verify time per row count.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+from mlxspec.engine.drafting import proposals
+from mlxspec.engine.ngram import propose_many
+from mlxspec.engine.policy import Kind, Source
+from mlxspec.engine.tree import DraftTree, accept_greedy, accept_sampled, add_lookup, add_rows, choose_budget, top_candidates
+from mlxspec.engine.verify import argmax_finite, probs_from_logits
+from mlxspec.errors import MlxspecError
+from mlxspec.targets.tree import keep_rows
+
+DEFAULT_P = {"lookup": 0.6, "drafter": 0.5}  # scores' acceptance where the policy keeps no estimate
+
+
+@dataclass(frozen=True)
+class TreeSettings:
+    """`--tree`: off (chains), auto (node count chosen by cost, up to `nodes`), or a count."""
+
+    mode: str = "off"  # off | auto | fixed
+    nodes: int = 16  # auto: the most nodes; fixed: the nodes verified (the root excluded)
+    width: int = 4  # children tried per node
+
+    @property
+    def on(self) -> bool:
+        return self.mode != "off"
+
+    @classmethod
+    def parse(cls, value) -> "TreeSettings":
+        if isinstance(value, TreeSettings):
+            return value
+        v = str(value if value is not None else "off").strip().lower()
+        if v in ("off", "0", "none", "false"):
+            return cls("off")
+        if v == "auto":
+            return cls("auto")
+        try:
+            n = int(v)
+        except ValueError:
+            n = -1
+        if not 1 <= n <= 64:
+            raise MlxspecError(f"--tree {value!r}: use off, auto, or a node count 1..64")
+        return cls("fixed", n)
+
+
+def _p(policy, source: Source, key: str) -> np.ndarray:
+    est = getattr(policy, "estimate", None)
+    return est(source).p() if est is not None else np.full(16, DEFAULT_P[key])
+
+
+def _inner(drafter):
+    return getattr(drafter, "block", drafter)
+
+
+def draft_tree(drafter, policy, anchor: int, n_cap: int, sampling, rng, settings: TreeSettings):
+    """-> (tree before selection or None for an autoregressive step, plan source, draft seconds,
+    drafter forwards)."""
+    model_drafts, has_lookup = proposals(drafter)
+    conts, match = propose_many(drafter.index, anchor, n_cap, settings.width) if has_lookup and \
+        hasattr(drafter, "index") else ((([drafter.lookup(anchor, n_cap)[0]], 0)) if has_lookup else ([], 0))
+    conts = [c for c in conts if c]
+    plan = policy.plan(n_cap, max((len(c) for c in conts), default=0), match, model_drafts)
+    if plan.n <= 0 or plan.source.kind is Kind.NONE:
+        return None, plan.source, 0.0, 0
+    tree = DraftTree(anchor)
+    lookup_src = Source.lookup(match)
+    if conts:
+        add_lookup(tree, [c[: n_cap] for c in conts], _p(policy, lookup_src, "lookup"))
+    forwards = 0
+    td = time.perf_counter()
+    if plan.source.kind is Kind.DRAFTER and model_drafts:
+        inner = _inner(drafter)
+        p = _p(policy, Source.DRAFTER, "drafter")
+        budget = settings.nodes
+        if hasattr(inner, "draft_tree"):
+            depth = plan.n if settings.mode != "fixed" else min(n_cap, inner.max_drafts)
+            forwards = inner.draft_tree(tree, max(depth, 1), settings.width, sampling, rng, p)
+        else:
+            d = drafter.draft(anchor, n_cap, sampling, rng)
+            forwards = 1
+            if d.tokens:
+                _add_block(tree, inner, d, p, budget, settings.width, sampling, rng)
+    return tree, plan.source, time.perf_counter() - td, forwards
+
+
+def _add_block(tree, inner, d, p, budget, width, sampling, rng) -> None:
+    """A block drafter's rows into the tree: each row's candidates start with the token the
+    block drafted there (DSpark's Markov head or DFlash 2's selector may have picked another than
+    the row's argmax), then the row's other candidates (greedy: by probability; sampled: drawn
+    without replacement after it)."""
+    n = len(d.tokens)
+    ids = np.full((n, width), -1, np.int64)
+    if sampling.greedy:
+        rows = np.ones((n, width))
+        if d.logits is not None:
+            q = np.asarray(mx.softmax(d.logits[:n].astype(mx.float32), axis=-1))
+            top = top_candidates(q, width + 1)
+            to_t = getattr(inner, "to_target", None)
+            tids = np.asarray(to_t(mx.array(top.astype(np.int32)))) if to_t else top
+        for j, t in enumerate(d.tokens):
+            row = [t]
+            if d.logits is not None:
+                qs = np.take_along_axis(q[j], top[j], axis=-1)
+                row += [int(x) for x in tids[j] if x != t][: width - 1]
+                rows[j, : len(row)] = [qs[0]] + [qs[list(tids[j]).index(x)] for x in row[1:]]
+            ids[j, : len(row)] = row
+        add_rows(tree, rows, ids, p, budget, width)
+    else:
+        q = np.asarray(d.probs[:n], np.float64)  # [n, V]: row j's distribution; token j was drawn from it
+        for j, t in enumerate(d.tokens):
+            rest = q[j].copy()
+            rest[t] = 0.0
+            s = rest.sum()
+            more = [int(x) for x in top_candidates(rest / s, width - 1, rng) if rest[x] > 0] if s > 0 and width > 1 else []
+            row = [t] + more
+            ids[j, : len(row)] = row
+        add_rows(tree, np.ones((n, width)), ids, p, budget, width, q)
+
+
+def tree_step(target, cache, drafter, policy, anchor: int, n_cap: int, sampling, rng, settings: TreeSettings,
+              taps, stats):
+    """One tree step -> (accepted tokens, next token) or None where the plan is an autoregressive
+    step (the caller runs it). Updates the cache, the drafter, the policy and stats."""
+    t0 = time.perf_counter()
+    tree, source, t_draft, forwards = draft_tree(drafter, policy, anchor, n_cap, sampling, rng, settings)
+    if tree is None or len(tree) <= 1:
+        return None
+    cap = min(settings.nodes, len(tree) - 1)
+    if settings.mode != "fixed" and hasattr(policy, "verify_time"):
+        # the drafting is paid for: keep the nodes whose verify rows pay (as truncating a chain)
+        cap = max(1, choose_budget(tree.scores(), policy.verify_time, 0.0, cap))
+    tree = tree.select(cap)
+    stats.draft_time += time.perf_counter() - t0
+    tv = time.perf_counter()
+    vlogits, vtaps = target(mx.array([tree.tokens]), cache, taps=taps, logits="all", tree=tree.parents)
+    if sampling.greedy:
+        am = argmax_finite(vlogits[0])
+        mx.eval(am)
+        t_verified = time.perf_counter() - tv
+        path, nxt = accept_greedy(tree, am.tolist())
+    else:
+        p = probs_from_logits(vlogits[0], sampling)
+        mx.eval(p)
+        t_verified = time.perf_counter() - tv
+        path, nxt = accept_sampled(tree, np.asarray(p), rng)
+    keep_rows(cache, len(tree), path)
+    accepted = [tree.nodes[i].token for i in path[1:]]
+    drafter.accept([anchor] + accepted, vtaps[:, mx.array(path)] if vtaps is not None else None)
+    stats.verify_time += time.perf_counter() - tv
+    _record(stats, policy, tree, path, source, t_draft, forwards, t_verified)
+    return accepted, nxt
+
+
+def _primary(tree: DraftTree, source: str) -> list[int]:
+    """The source's own chain in the tree: from the root, its first child each time."""
+    out, i = [], 0
+    while True:
+        kid = next((k for k in tree.nodes[i].kids if tree.nodes[k].source == source), None)
+        if kid is None:
+            return out
+        out.append(kid)
+        i = kid
+
+
+def _record(stats, policy, tree: DraftTree, path: list, source: Source, t_draft: float, forwards: int,
+            t_verified: float) -> None:
+    nodes, a = len(tree) - 1, len(path) - 1
+    depth = max(n.depth for n in tree.nodes)
+    stats.target_forwards += 1
+    stats.verify_lengths.append(nodes + 1)
+    stats.record(depth, a)
+    stats.drafted += nodes - depth  # record() counted one per depth; a tree verifies every node
+    for key in ("lookup", "drafter"):
+        made = sum(1 for n in tree.nodes if n.source == key)
+        if made:
+            tally = stats.by_source.setdefault(key, [0, 0])
+            tally[0] += made
+            tally[1] += sum(1 for i in path[1:] if tree.nodes[i].source == key)
+    if hasattr(policy, "observe_verify"):
+        policy.observe_verify(nodes + 1, t_verified)
+    on_path = set(path)
+    for key, src in (("lookup", None), ("drafter", Source.DRAFTER)):
+        chain = _primary(tree, key)
+        if not chain:
+            continue
+        ok = 0
+        while ok < len(chain) and chain[ok] in on_path:
+            ok += 1
+        if src is None:
+            src = source if source.is_lookup else Source.LOOKUP
+        policy.observe(src, len(chain), ok, None, t_draft if key == "drafter" and forwards else None, None)
