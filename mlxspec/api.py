@@ -24,6 +24,7 @@ from mlxspec.drafters.registry import Identity, candidates, describe, identify, 
 from mlxspec.engine.drafting import BlockDrafter, NoDrafter, SimpleDrafter
 from mlxspec.engine.eagle3 import Eagle3Drafter
 from mlxspec.engine.loop import SpecStats, generate_steps
+from mlxspec.engine.tree_step import TreeSettings
 from mlxspec.engine.ngram import LookupBlockDrafter, NgramDrafter
 from mlxspec.engine.policy import FixedLength, LengthPolicy, PolicyMemory, VerifyPolicy, compose
 from mlxspec.engine.profile import verify_profile
@@ -77,6 +78,7 @@ class SpecConfig:
     shard: object = None
     lookup: str = "ngram"
     suffix_budget: int = SUFFIX_BUDGET
+    tree: str | int = "off"  # --tree: off (chains), auto (nodes chosen by cost), or a node count
 
     def __post_init__(self):
         d = self.draft
@@ -93,6 +95,7 @@ class SpecConfig:
             raise MlxspecError(f"--lookup {self.lookup!r} is not one of {', '.join(LOOKUPS)}")
         if not isinstance(self.suffix_budget, int) or self.suffix_budget < 0:
             raise MlxspecError(f"--suffix-budget {self.suffix_budget!r}: pass a number of tokens >= 0 (0: no shared index)")
+        TreeSettings.parse(self.tree)
         if self.shard is not None and not callable(getattr(self.shard, "load_target", None)):
             raise MlxspecError(f"shard={self.shard!r}: pass a mlxspec.distributed.Sharding(mode=..., check=..., "
                                "timeout=...), or None for one process")
@@ -128,6 +131,8 @@ class Speculator:
     # what this speculator's requests generated, so that each request drafts from the earlier
     # ones too (None: each request only from itself, or no suffix drafting)
     suffix: SuffixIndex | None = field(default=None, repr=False, compare=False)
+    # trees of candidates per step instead of chains (`mlxspec.engine.tree_step`)
+    tree: TreeSettings = field(default_factory=TreeSettings)
 
     def make_drafter(self, target, shared=None):
         """A new drafter for one request (a suffix lookup drafts from `shared`, default: this
@@ -153,7 +158,11 @@ class Speculator:
         draft, spec_type = config.draft, config.spec_type
         if draft == "auto":
             draft, spec_type = resolve_auto_draft(model, spec_type, ngram=config.ngram, log=log)
-        return _build(config, draft, spec_type, target, log)
+        spec = _build(config, draft, spec_type, target, log)
+        spec.tree = TreeSettings.parse(config.tree)
+        if spec.tree.on and spec.drafter_factory is not None:
+            spec.description += f" tree={'auto' if spec.tree.mode == 'auto' else spec.tree.nodes}"
+        return spec
 
     def session(self, target, prompt_ids: list[int], *, max_tokens: int = 256,
                 sampling: SamplingParams = SamplingParams(), seed: int | None = 0,
@@ -167,7 +176,7 @@ class Speculator:
         policy = make_policy(target, drafter, self, sampling.temperature)
         return generate_steps(target, prompt_ids, drafter=drafter, max_tokens=max_tokens, sampling=sampling, seed=seed,
                               eos_ids=eos_ids, policy=policy, stats=stats, check_invariants=check_invariants,
-                              cache=cache)
+                              cache=cache, tree=self.tree)
 
 
 @dataclass

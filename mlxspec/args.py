@@ -45,12 +45,19 @@ def add_model_args(p):
                         f"(default {api.SUFFIX_BUDGET}; 0: each request drafts only from itself)")
 
 
+    p.add_argument("--tree", default="off",
+                   help="verify a tree of candidates per step instead of one chain: off (default), auto (nodes chosen "
+                        "by the measured verify cost, up to 16), or N nodes at most (with --verify-policy fixed: "
+                        "always N); from the drafter's alternatives and every distinct lookup continuation")
+
+
 def spec_config(a) -> api.SpecConfig:
     """The speculation flags of `add_model_args` as one checked `SpecConfig` (--draft none and
     --spec-type none mean no drafter)."""
     return api.SpecConfig(draft=a.draft, spec_type=a.spec_type, block_size=a.block_size,
                           num_draft_tokens=a.num_draft_tokens, p_min=a.p_min, schedule=a.schedule,
-                          policy=a.verify_policy, ngram=a.ngram, lookup=a.lookup, suffix_budget=a.suffix_budget)
+                          policy=a.verify_policy, ngram=a.ngram, lookup=a.lookup, suffix_budget=a.suffix_budget,
+                          tree=getattr(a, "tree", "off"))
 
 
 def add_sampling_args(p):
