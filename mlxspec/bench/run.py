@@ -48,7 +48,7 @@ def _bench(a, s, blas_msg) -> int:
         kind = w["kind"]
         cfg = SpecConfig(draft=w["path"], spec_type="ngram" if kind == "ngram" else kind, policy=w["policy"],
                          num_draft_tokens=a.num_draft_tokens if kind == "draft-simple" else None,
-                         ngram=w.get("ngram", False))
+                         ngram=w.get("ngram", False), tree=w.get("tree", "off"))
         spec = Speculator.build(cfg, target, model=a.model)
         return random_weights(spec, w["path"], target) if w.get("random") else spec
 
@@ -68,13 +68,16 @@ def _bench(a, s, blas_msg) -> int:
         wanted.append(dict(path=None, kind="ngram", policy="adaptive"))
     if a.draft_simple:
         wanted.append(dict(path=a.draft_simple, kind="draft-simple", policy="fixed"))
+    # a tree row beside each drafter / lookup chain row (not the random-weight one)
+    wanted += [dict(w, tree=t) for w in list(wanted) if not w.get("random") and w["kind"] != "draft-simple"
+               for t in s["trees"]]
     for w in wanted:
         before = mx.get_active_memory()
         with capture() as log:  # the loading lines go into the row, not on stderr
             spec = speculator(w)
         label = spec.spec_type + (f" {Path(w['path']).name}" if w["path"] and w["kind"] != "ngram" else "")
         label += " (random weights)" if w.get("random") else ""
-        label += f" [{w['policy']}]"
+        label += f" [{w['policy']}]" + (f" tree={w['tree']}" if w.get("tree") else "")
         if any(c["label"] == label for c in configs):
             label += f" #{len(configs)}"
         configs.append({"label": label, "engine": "mlxspec", **w, "path": str(w["path"]) if w["path"] else None,

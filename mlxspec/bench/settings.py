@@ -43,6 +43,9 @@ def add_bench_args(p):
     p.add_argument("--out", "-o", default=None, metavar="DIR", help="write bench.json (and PNG plots) here")
     p.add_argument("--policies", default="fixed,adaptive", metavar="LIST",
                    help="verify policies to run each drafter with (default fixed,adaptive)")
+    p.add_argument("--trees", default="", metavar="LIST",
+                   help="tree settings to add rows for, comma-separated (auto and/or node counts): each drafter row, "
+                        "its lookup row and lookup alone get a tree row beside their chain row (default none)")
     p.add_argument("--no-ngram", action="store_true",
                    help="skip the prompt-lookup rows (ngram alone; the first drafter + ngram)")
     p.add_argument("--no-random", action="store_true",
@@ -108,6 +111,12 @@ def settings(a) -> dict:
     for x in s["policies"]:
         if x not in ("fixed", "adaptive"):
             raise MlxspecError(f"--policies: unknown verify policy {x!r}; use fixed and/or adaptive")
+    s["trees"] = [x.strip() for x in (getattr(a, "trees", "") or "").split(",") if x.strip()]
+    from mlxspec.engine.tree_step import TreeSettings
+
+    for x in s["trees"]:
+        if not TreeSettings.parse(x).on:
+            raise MlxspecError(f"--trees {a.trees!r}: list auto and/or node counts (chain rows are always there)")
     s["ngram"] = not a.no_ngram
     s["random"] = not a.no_random
     if a.out is not None:

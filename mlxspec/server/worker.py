@@ -163,6 +163,11 @@ class Worker:
                     if self.drafter.max_drafts > 0:  # drafts per row priced by the batch's measured costs
                         budget = VerifyBudget(api.profile_for(self.target, self.drafter), self.drafter.max_drafts)
                     self.batch = SpecBatch(self.target, taps=tuple(self.drafter.taps), budget=budget)
+                    if self.spec.tree.on:
+                        print(f"mlxspec serve: --tree {self.spec.tree.mode if self.spec.tree.mode == 'auto' else self.spec.tree.nodes}: "
+                              "batched serving verifies chains (the rows of one batched forward share one mask layout); "
+                              "--max-batch 1 serves every request with trees",
+                              file=self.log, flush=True)
                 except MlxspecError as e:
                     print(f"mlxspec serve: --max-batch {self.max_batch}: {e}", file=self.log, flush=True)
             self.metrics.max_batch = self.max_batch if self.batch is not None else 1
