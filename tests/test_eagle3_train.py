@@ -106,6 +106,17 @@ def test_train_eagle3_exports_a_drafter_that_loads_resumes_and_is_lossless(tmp_p
     assert run(target, ids, Eagle3Drafter(m, cfg, target, 3), max_tokens=24, stats=st) == run(target, ids, max_tokens=24)
     assert st.drafted > 0
 
+    # --init-from continues an export: its weights and draft vocabulary (at lr ~0 it exports them back)
+    again = tmp_path / "o2"
+    args = [a if a != str(out) else str(again) for a in common]
+    assert main(args + ["--minutes", "0.02", "--init-from", str(out / "hf"), "--lr", "1e-12"]) == 0
+    m2, cfg2 = load_drafter(str(again / "hf"), target.info, log=io.StringIO())
+    assert cfg2.draft_vocab_size == 200 and np.array_equal(np.asarray(m2.d2t), np.asarray(m.d2t))
+    np.testing.assert_allclose(np.asarray(m2.fc.weight), np.asarray(m.fc.weight), atol=1e-6)
+    capsys.readouterr()
+    assert main(args + ["--minutes", "0.02", "--init-from", str(tmp_path / "nothing")]) == 2
+    assert "nothing" in capsys.readouterr().err
+
 
 def test_heldout_replay_equals_the_engine_for_eagle3(smollm2, tmp_path):
     """`train.heldout.heldout_tau` with the EAGLE-3 lengths (one TTT pass + the greedy anchor walk)
@@ -136,3 +147,18 @@ def test_heldout_replay_equals_the_engine_for_eagle3(smollm2, tmp_path):
         assert (mine[cat]["accepted"], mine[cat]["drafted"]) == (ref[cat]["accepted"], ref[cat]["drafted"])
         assert mine[cat]["tau"] == pytest.approx(ref[cat]["tau"])
         np.testing.assert_allclose(mine[cat]["per_position_acceptance"], ref[cat]["per_position_acceptance"])
+
+
+def test_regen_chat_questions_mix_three_kinds_and_never_the_heldout_ones():
+    """The regenerated store's chat prompts ask about code, about the docs, and the way people
+    ask a chat model (what / tips / summarize / a poem, sayings from the fortunes files), in
+    equal parts from the first question on; the held-out chat questions never occur."""
+    from mlxspec.prompts import CHAT_QUESTIONS
+    from mlxspec.train.regen import chat_questions
+
+    qs = chat_questions(0)
+    assert [c for c, _ in qs[:6]] == ["chat-code", "chat-prose", "chat-gen"] * 2
+    gen = [q for c, q in qs if c == "chat-gen"]
+    assert any(q.startswith("What does this saying mean?") for q in gen)
+    assert any(q.startswith("Write a short poem about") for q in gen)
+    assert not set(CHAT_QUESTIONS) & {q for _, q in qs}

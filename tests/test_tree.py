@@ -222,3 +222,49 @@ def test_sampling_with_trees_is_lossless_through_the_engine(lookup, monkeypatch)
     monkeypatch.setattr(ts, "accept_sampled", first_child)
     wrong = te.distribution_check(sample(400), exact)
     assert any(t > b for t, b in wrong.values()), wrong
+
+
+# ----------------------------------------------------------------------------- the real model
+
+@pytest.fixture(scope="module")
+def real(smollm2):
+    from mlxspec.prompts import encode_prompt, load_prompts
+
+    target, tok = smollm2
+    ids = encode_prompt(tok, "code", load_prompts()["code"][1])
+    ar = [t for s in generate_steps(target, ids, max_tokens=40) for t in s]
+    return target, ids, ar
+
+
+@pytest.mark.parametrize("draft", ["eagle3", "dspark", "lookup"])
+@pytest.mark.parametrize("policy, tree", [("fixed", "8"), ("adaptive", "auto")])
+def test_real_model_trees_equal_autoregressive(real, draft, policy, tree):
+    """SmolLM2 with each shipped drafter (with prompt lookup merged in) and with lookup alone:
+    greedy tree output == autoregressive; the fixed trees verify 8 nodes and beat the chain's
+    acceptance per step."""
+    from mlxspec import api
+
+    target, ids, ar = real
+    path = None if draft == "lookup" else str(api.shipped_drafter(draft))
+    cfg = api.SpecConfig(draft=path, spec_type="ngram" if draft == "lookup" else "auto", policy=policy, tree=tree)
+    spec = api.Speculator.build(cfg, target)
+    assert spec.tree.on and "tree=" in spec.description
+    st = SpecStats()
+    assert [t for s in spec.session(target, ids, max_tokens=40, stats=st) for t in s] == ar
+    if policy == "fixed" and draft != "lookup":
+        assert max(st.verify_lengths) == 9
+        chain = SpecStats()
+        spec.tree = TreeSettings("off")
+        assert [t for s in spec.session(target, ids, max_tokens=40, stats=chain) for t in s] == ar
+        assert st.tau > chain.tau, (st.tau, chain.tau)
+
+
+def test_cli_refuses_a_bad_tree_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "mlxspec", "generate", "--prompt", "hi", "--tree", "wide"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].endswith("--tree 'wide': use off, auto, or a node count 1..64")
+    assert "Traceback" not in r.stderr

@@ -335,6 +335,9 @@ def _train_eagle3(a, target, tok, taps, mix, data) -> int:
     check_float_arg("--ttt-fraction", a.ttt_fraction, 0.0, 1.0, lo_open=True)
     if a.online:
         raise MlxspecError("--lineage eagle3 trains from stores (--data); drop --online")
+    if a.init_from and not Path(a.init_from).exists():
+        raise MlxspecError(f"--init-from {a.init_from}: no drafter export there; pass an EAGLE-3 export directory "
+                           "(e.g. mlxspec/weights/smollm2-135m-eagle3)")
     dirs = [(d, first) for d, _, first in mix] if mix else [(str(data), 0)]
     stores = []
     for d, first in dirs:
@@ -350,6 +353,7 @@ def _train_eagle3(a, target, tok, taps, mix, data) -> int:
                            ttt_fraction=a.ttt_fraction,
                            warmup=a.warmup, minutes=a.minutes, seqs_per_step=a.seqs_per_step, seq_len=a.seq_len,
                            seed=a.seed, loss=a.loss or "kl", init="target" if a.warm_start else "random",
+                           init_from=a.init_from,
                            heldout_minutes=max(a.heldout_every, 1) if a.heldout_every else 5.0)
     heldout = None
     if a.heldout_every:

@@ -17,6 +17,7 @@ ids) and the embedding (the target's) stay frozen: fc, the layer and the final n
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -51,9 +52,27 @@ class Eagle3TrainConfig:
     ttt_fraction: float = 0.25  # positions the unrolled steps (>= 1) run at, drawn afresh each step
     seq_len: int = 256
     init: str = "target"  # target: the layer from the target's last layer; random
+    init_from: str | None = None  # an EAGLE-3 export to continue from (its weights and draft vocabulary)
     seed: int = 0
     heldout_minutes: float = 5.0
     save_minutes: float = 3.0
+
+
+def _load_start(target, tc: Eagle3TrainConfig):
+    """The EAGLE-3 export `tc.init_from`, read against the target: same taps and shape, or one line."""
+    from mlxspec.drafters.load import load_drafter
+
+    model, cfg = load_drafter(tc.init_from, target.info, log=io.StringIO())
+    if not isinstance(cfg, Eagle3Config):
+        raise MlxspecError(f"--init-from {tc.init_from}: is a {cfg.lineage} drafter; --lineage eagle3 continues an "
+                           "EAGLE-3 export")
+    if list(cfg.target_layer_ids) != list(tc.taps):
+        raise MlxspecError(f"--init-from {tc.init_from}: taps layer outputs {list(cfg.target_layer_ids)}, not {list(tc.taps)}; "
+                           f"pass --taps {','.join(map(str, cfg.target_layer_ids))}")
+    if cfg.num_hidden_layers != 1:
+        raise MlxspecError(f"--init-from {tc.init_from}: has {cfg.num_hidden_layers} chain layers; the trainer "
+                           "trains one")
+    return model, cfg
 
 
 # ----------------------------------------------------------------------------- the forward
@@ -285,6 +304,11 @@ def train_eagle3(target, stores: list[dict], out: str | Path, tc: Eagle3TrainCon
         if state["config"]["taps"] != list(tc.taps):
             raise MlxspecError(f"{out}: holds a run with taps {state['config']['taps']}, not {list(tc.taps)}; pass a "
                                "new --out or the same taps")
+    elif tc.init_from:
+        start, start_cfg = _load_start(target, tc)
+        d_ids = np.arange(start_cfg.draft_vocab_size, dtype=np.int64)
+        if start_cfg.reduced_vocab:
+            d_ids = d_ids + np.asarray(start.d2t, np.int64)
     else:
         d_ids = draft_vocabulary(np.concatenate([np.asarray(s["topk_ids"][: min(len(s["topk_ids"]), 512)])
                                                  .reshape(-1, s["topk_ids"].shape[-1]) for s in stores]), V,
@@ -298,7 +322,9 @@ def train_eagle3(target, stores: list[dict], out: str | Path, tc: Eagle3TrainCon
     t2d = np.full(V, -1, np.int32)
     t2d[d_ids] = np.arange(len(d_ids), dtype=np.int32)
     frozen = {**frozen_for_eagle3(target, model), "t2d": mx.array(t2d)}
-    if tc.init == "target" and not state:
+    if tc.init_from and not state:
+        model.load_weights(list(tree_flatten(start.parameters())), strict=False)
+    elif tc.init == "target" and not state:
         init_from_target(model, target, tc.taps)
     model.lm_head.freeze()
     if cfg.reduced_vocab:

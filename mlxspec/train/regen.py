@@ -5,7 +5,9 @@ responses in its chat template, with the loss on the response only. This module 
 that for mlxspec, from the training split of the corpus only (`mlxspec.corpus`):
 
 - chat prompts: a docstring's first sentence becomes "Write a Python function that ...",
-  a reST heading becomes "Explain ..."; rendered with the target's chat template exactly
+  a reST heading becomes "Explain ..." and also "What is ..." / "Give me three tips for ..." /
+  ..., and a saying from the fortunes files "What does this saying mean? ..." (the way people
+  ask a chat model); the three kinds in equal parts; rendered with the target's chat template exactly
   as `generate` renders a user message (`mlxspec.prompts.encode_prompt`);
 - continuations: 64-token corpus prefixes (code, prose), which is what the held-out
   code/prose prompts are.
@@ -23,6 +25,7 @@ start [N] int32, end [N] int32 and source [N] str ("chat-t0", "cont-t0.7", ...).
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import time
@@ -41,7 +44,15 @@ from mlxspec.train.data import TOPK, _write_json_atomic, next_token_topk, taps_t
 REGEN_FORMAT = "mlxspec-regen-1"
 REGEN_ARRAYS = ("tokens", "category", "taps", "topk_ids", "topk_probs", "start", "end", "source")
 KINDS = ("chat-t0", "chat-t0.7", "cont-t0", "cont-t0.7")
+QUESTIONS = 2  # the chat question set: 1 = code and prose questions; 2 = plus conversational ones (chat-gen)
 _ROLE = re.compile(r":[\w:-]+:`~?([^`<]+?)(?: <[^>]*>)?`")  # :func:`x` / :class:`~a.b` -> x
+
+
+# conversational questions (chat-gen): about a fortune-file saying, or about a prose heading
+_GEN_QUOTE = ('What does this saying mean? "{q}"', 'Explain this quote in two sentences: "{q}"',
+              'Write a short poem inspired by this line: "{q}"', 'Do you agree with this? "{q}" Answer briefly.')
+_GEN_TOPIC = ("What is {t}?", "Give me three tips for {t}.", "Summarize {t} in two sentences.",
+              "How do I get started with {t}?", "Write a short poem about {t}.")
 
 
 def _third_person(sentence: str) -> str | None:
@@ -69,7 +80,7 @@ def chat_questions(seed: int = 0) -> list[tuple[str, str]]:
 
     Never the held-out prompt set: held-out files are excluded by `corpus_files(split=
     "train")` and the fixed chat questions of `mlxspec.prompts` are dropped if they occur."""
-    out, seen = [], set(CHAT_QUESTIONS)
+    out, gen, seen = [], [], set(CHAT_QUESTIONS)
     for f in corpus_files(None, "train"):
         text = read_text(f.path)
         if f.category == "code":
@@ -95,8 +106,22 @@ def chat_questions(seed: int = 0) -> list[tuple[str, str]]:
                     if q not in seen:
                         seen.add(q)
                         out.append(("chat-prose", q))
+        elif f.category == "fortunes" and not re.search(r"art|translate", f.rel):
+            for entry in re.split(r"^%\s*$", text, flags=re.M):
+                body = " ".join(ln.strip() for ln in entry.strip().splitlines() if not ln.strip().startswith("--"))
+                if 24 <= len(body) <= 160 and body.isascii() and not re.search(r"[|<>{}\\_]|  ", body):
+                    gen.append(_GEN_QUOTE[len(gen) % len(_GEN_QUOTE)].format(q=body.replace('"', "'")))
+    # the same questions asked the way people ask a chat model (what the held-out chat prompts
+    # are): what / how / tips / summarize / a poem, about the prose headings
+    for i, (_, q) in enumerate(x for x in out if x[0] == "chat-prose"):
+        topic = q[len("Explain "):-1]
+        gen.append(_GEN_TOPIC[i % len(_GEN_TOPIC)].format(t=topic))
     rng = np.random.default_rng(seed)
-    return [out[i] for i in rng.permutation(len(out))]
+    pools = [[x for x in out if x[0] == c] for c in ("chat-code", "chat-prose")]
+    pools.append([("chat-gen", q) for q in dict.fromkeys(gen) if q not in seen])
+    pools = [[p[i] for i in rng.permutation(len(p))] for p in pools if p]
+    # round robin, so that any prefix asks the three kinds of question in equal parts
+    return [x for tup in itertools.zip_longest(*pools) for x in tup if x is not None]
 
 
 def corpus_prefixes(tokenizer, prefix_len: int, n: int, seed: int = 0) -> list[tuple[str, list[int]]]:
@@ -219,7 +244,8 @@ def prepare_regen_store(target, tokenizer, out_dir, taps: list[int], seq_len: in
     out.mkdir(parents=True, exist_ok=True)
     windows = (windows // batch) * batch or batch
     settings = {"format": REGEN_FORMAT, "taps": list(taps), "seq_len": seq_len, "topk": TOPK, "windows": windows,
-                "batch": batch, "seed": seed, "model": str(getattr(target.info, "source", "")), "kinds": list(KINDS)}
+                "batch": batch, "seed": seed, "model": str(getattr(target.info, "source", "")), "kinds": list(KINDS),
+                "questions": QUESTIONS}
     meta_p, prog_p = out / "meta.json", out / "progress.json"
     if meta_p.exists():
         old = json.loads(meta_p.read_text())
