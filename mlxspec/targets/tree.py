@@ -61,6 +61,21 @@ def _ropes(layer: nn.Module) -> list[tuple[nn.Module, str, nn.Module]]:
     return out
 
 
+def _signature(rope: nn.Module):
+    """What a RoPE module computes, as a hashable value (mlx-lm gives every layer its own
+    instance of the same rotation; Gemma-3's local and global layers differ)."""
+    items = []
+    for k, v in sorted(vars(rope).items()):
+        if isinstance(v, (int, float, bool, str, type(None))):
+            items.append((k, v))
+    for k, v in sorted(rope.items()):
+        if isinstance(v, mx.array):
+            items.append((k, tuple(np.asarray(v.astype(mx.float32)).reshape(-1).tolist())))
+        elif isinstance(v, (int, float, bool, str, type(None))):
+            items.append((k, v))
+    return (type(rope).__name__, tuple(items))
+
+
 class TreeRope(nn.Module):
     """Stands in for a RoPE module during a tree forward: row i at position offset + depth[i]."""
 
@@ -134,12 +149,13 @@ class TreeForward:
         self.depth, self.anc = layout(parents)
         self.n = len(self.depth)
         self._swapped: list = []
+        self._masks: dict = {}
 
     def swap_ropes(self, layers) -> None:
-        made: dict[int, TreeRope] = {}
+        made: dict = {}  # one TreeRope (one set of rotations per call) for every identical RoPE
         for layer in layers:
             for owner, attr, rope in _ropes(layer):
-                tr = made.setdefault(id(rope), TreeRope(rope, self.depth))
+                tr = made.setdefault(_signature(rope), TreeRope(rope, self.depth))
                 self._swapped.append((owner, attr, rope))
                 setattr(owner, attr, tr)
 
@@ -150,7 +166,10 @@ class TreeForward:
 
     def call_layer(self, layer, c, x, args, kwargs):
         """Run one decoder layer with its mask argument replaced by the tree mask."""
-        mask = layer_mask(c, self.depth, self.anc)
+        key = (type(c).__name__, _context_rows(c), getattr(c, "max_size", None))
+        mask = self._masks.get(key)
+        if mask is None:
+            mask = self._masks[key] = layer_mask(c, self.depth, self.anc)
         if args:
             args = (mask,) + tuple(args[1:])
         else:
