@@ -192,6 +192,17 @@ def test_propose_stops_below_the_minimum_probability():
     assert ix.propose(ix.last[d], len(text), 9, 8, own=d)[0] == []  # never seen
 
 
+def test_propose_many_gives_every_distinct_continuation_by_count():
+    text = [1, 2, 3, 1, 2, 3, 1, 2, 4, 1]
+    ix = SuffixIndex()
+    d = ix.open(text)
+    # anchor 2 after [1]: [1, 2] was followed by 3 1 2 twice and by 4 1 once, whose next token is
+    # the request's own continuation past its end: the anchor 2
+    assert ix.propose_many(ix.last[d], len(text), 2, 3, 4, own=d) == ([[3, 1, 2], [4, 1, 2]], 2, [2, 1])
+    assert ix.propose_many(ix.last[d], len(text), 2, 3, 1, own=d)[0] == [[3, 1, 2]]  # width 1
+    assert ix.propose_many(ix.last[d], len(text), 9, 3, 4, own=d)[0] == []  # never seen
+
+
 def test_equal_counts_go_to_the_most_recent_occurrence():
     text = [1, 2, 3, 1, 2, 4, 1]
     ix = SuffixIndex()

@@ -88,6 +88,8 @@ def propose_many(index, anchor: int, k: int, width: int) -> tuple[list[list[int]
     """Up to `width` distinct continuations (most recent first) of the longest n-gram ending
     in `anchor` -> (continuations, n of the match); an index without the method gives its one
     proposal (a tree of one path)."""
+    if hasattr(index, "propose_many"):  # suffix drafting: continuations ranked by count
+        return index.propose_many(anchor, k, width)
     if not hasattr(index, "ends"):
         toks, m = index.propose(anchor, k)
         return ([toks] if toks else []), m

@@ -22,7 +22,8 @@ stopped when its path probability (the product of the chosen tokens' shares of t
 ArcticInference's rule) falls below `min_prob` (0.1), at most alpha x the match length long;
 equal counts go to the most recent occurrence (what prompt lookup proposes); the chain with
 the highest expected accepted length (the sum of its path probabilities) wins.
-Trees of candidates need tree verification (not yet in the engine).
+`propose_many` gives the distinct continuations of the longest match instead, most frequent
+first (equal counts: most recent first), for tree verification (`mlxspec.engine.tree`).
 
 `SuffixLookup` is the per-request proposer behind `NgramIndex`'s interface (reset / extend /
 propose(anchor, k) -> (tokens, match length)): its own index over prompt + generated tokens,
@@ -277,6 +278,39 @@ class SuffixIndex:
             self.touch(best_docs)
         return best
 
+    def propose_many(self, state: int, length: int, anchor: int, n: int, width: int, *,
+                     own: int | None = None) -> tuple[list[list[int]], int, list[int]]:
+        """Up to `width` distinct continuations (up to n tokens each) of the longest match that
+        the anchor extends -> (continuations, match length incl. the anchor, their counts);
+        most frequent first, ties to the most recent occurrence."""
+        if n <= 0 or width <= 0:
+            return [], 0, []
+        with self.lock:
+            v, l = state, length
+            while v != -1:
+                l = min(l, self.len[v])
+                u = self.nxt[v].get(anchor)
+                if u is not None:
+                    seen: dict[tuple, list] = {}
+                    for d, p in self.occurrences(u):
+                        toks: list[int] = []
+                        for j in range(1, n + 1):
+                            t = self._token(d, p + j, own, [anchor] + toks)
+                            if t is None:
+                                break
+                            toks.append(t)
+                        if toks:
+                            c = seen.setdefault(tuple(toks), [0, (-1, -1)])
+                            c[0] += 1
+                            c[1] = max(c[1], (d, p))
+                    if seen:
+                        best = sorted(seen.items(), key=lambda kv: (kv[1][0], kv[1][1]), reverse=True)[:width]
+                        self.touch({d for (d, _p) in [kv[1][1] for kv in best]})
+                        return [list(k) for k, _ in best], l + 1, [c for _, (c, _r) in best]
+                v = self.link[v]
+                l = self.len[v] if v != -1 else 0
+        return [], 0, []
+
     def _chain(self, u: int, k: int, min_prob: float, own: int | None, anchor: int):
         alive = self.occurrences(u)
         out: list[int] = []
@@ -391,6 +425,20 @@ class SuffixLookup:
         if self.shared is not None:
             self.shared.extend(self.shared_doc, tokens)
             self.matcher.feed(tokens)
+
+    def propose_many(self, anchor: int, k: int, width: int) -> tuple[list[list[int]], int]:
+        """Up to `width` distinct continuations of up to k tokens (the request's own longest match
+        first, then the shared index's) -> (continuations, bucketed match length)."""
+        loc = self.local
+        outs, m, _ = loc.propose_many(loc.last[self.doc], len(loc.docs[self.doc]), int(anchor), k, width, own=self.doc)
+        if self.shared is not None:
+            with self.shared.lock:
+                v, l = self.matcher.where()
+                more, m2, _ = self.shared.propose_many(v, l, int(anchor), k, width, own=self.shared_doc)
+            if m2 > m:  # the longer match's continuations first
+                outs, more, m = more, outs, m2
+            outs += [c for c in more if c not in outs][: max(width - len(outs), 0)]
+        return outs, match_bucket(m) if outs else 0
 
     def propose(self, anchor: int, k: int) -> tuple[list[int], int]:
         """Up to k tokens to follow `anchor` -> (tokens, bucketed match length; 0 if none)."""
