@@ -39,6 +39,7 @@ from mlxspec.engine.verify import (
     argmax_finite,
     probs_from_logits,
     sample_token,
+    target_rows,
 )
 from mlxspec.logger import say
 from mlxspec.targets.model import Target, cache_length, trim_cache
@@ -207,49 +208,32 @@ def generate_steps(
             if trees.on and n_cap > 0 else None
         if res is not None:  # a tree was verified; else (trees off, or an autoregressive plan) a chain
             accepted, nxt = res
-            committed = accepted + [nxt]
-            produced, done = _commit(committed, eos_ids, max_tokens, produced)
-            stats.generated = produced
-            stats.gen_time = time.perf_counter() - t_gen
-            yield done
-            if done[-1] in eos_ids:
-                return
-            anchor = done[-1]
-            continue
-        td = time.perf_counter()
-        pr = propose(drafter, policy, anchor, n_cap, sampling, rng, target.info.vocab_size) if not trees.on \
-            else Proposal([], None, Source.NONE, None, 0.0)
-        drafts = pr.drafts
-        stats.draft_time += time.perf_counter() - td
-        # 3. verify [anchor, drafts] in one forward
-        tv = time.perf_counter()
-        vlogits, vtaps = target(mx.array([[anchor] + drafts]), cache, taps=taps,
-                                logits="all" if drafts else "last")
-        # 4. accept
-        if sampling.greedy:
-            am = argmax_finite(vlogits[0])
-            mx.eval(am)
-            t_verified = time.perf_counter() - tv
-            a, nxt = accept_greedy(drafts, am.tolist())
         else:
-            p = probs_from_logits(vlogits[0], sampling)
-            mx.eval(p)
+            td = time.perf_counter()
+            pr = propose(drafter, policy, anchor, n_cap, sampling, rng, target.info.vocab_size) if not trees.on \
+                else Proposal([], None, Source.NONE, None, 0.0)
+            drafts = pr.drafts
+            stats.draft_time += time.perf_counter() - td
+            # 3. verify [anchor, drafts] in one forward
+            tv = time.perf_counter()
+            vlogits, vtaps = target(mx.array([[anchor] + drafts]), cache, taps=taps,
+                                    logits="all" if drafts else "last")
+            # 4. accept
+            rows = target_rows(vlogits[0], sampling)
             t_verified = time.perf_counter() - tv
-            p_np = np.asarray(p)
-            if drafts:
-                q = np.asarray(pr.d.probs[: len(drafts)])
-                a, nxt = accept_sampled(drafts, q, p_np, rng)
+            if sampling.greedy:
+                a, nxt = accept_greedy(drafts, rows)
+            elif drafts:
+                a, nxt = accept_sampled(drafts, np.asarray(pr.d.probs[: len(drafts)]), rows, rng)
             else:
-                a, nxt = 0, sample_token(p_np[0], rng)
-        # 5. commit, trim, feed the drafter
-        trim_cache(cache, len(drafts) - a)
-        if vtaps is not None:
-            drafter.accept([anchor] + drafts[:a], vtaps[:, : a + 1])
-        else:
-            drafter.accept([anchor] + drafts[:a], None)
-        stats.verify_time += time.perf_counter() - tv
-        record(stats, policy, pr, a, t_verified)
-        produced, committed = _commit(drafts[:a] + [nxt], eos_ids, max_tokens, produced)
+                a, nxt = 0, sample_token(rows[0], rng)
+            # 5. commit, trim, feed the drafter
+            trim_cache(cache, len(drafts) - a)
+            drafter.accept([anchor] + drafts[:a], vtaps[:, : a + 1] if vtaps is not None else None)
+            stats.verify_time += time.perf_counter() - tv
+            record(stats, policy, pr, a, t_verified)
+            accepted = drafts[:a]
+        produced, committed = _commit(accepted + [nxt], eos_ids, max_tokens, produced)
         stats.generated = produced
         stats.gen_time = time.perf_counter() - t_gen
         yield committed

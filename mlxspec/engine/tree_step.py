@@ -23,7 +23,7 @@ from mlxspec.engine.drafting import proposals
 from mlxspec.engine.ngram import propose_many
 from mlxspec.engine.policy import Kind, Source
 from mlxspec.engine.tree import DraftTree, accept_greedy, accept_sampled, add_lookup, add_rows, choose_budget, top_candidates
-from mlxspec.engine.verify import argmax_finite, probs_from_logits
+from mlxspec.engine.verify import target_rows
 from mlxspec.errors import MlxspecError
 from mlxspec.targets.tree import keep_rows
 
@@ -150,16 +150,9 @@ def tree_step(target, cache, drafter, policy, anchor: int, n_cap: int, sampling,
     stats.draft_time += time.perf_counter() - t0
     tv = time.perf_counter()
     vlogits, vtaps = target(mx.array([tree.tokens]), cache, taps=taps, logits="all", tree=tree.parents)
-    if sampling.greedy:
-        am = argmax_finite(vlogits[0])
-        mx.eval(am)
-        t_verified = time.perf_counter() - tv
-        path, nxt = accept_greedy(tree, am.tolist())
-    else:
-        p = probs_from_logits(vlogits[0], sampling)
-        mx.eval(p)
-        t_verified = time.perf_counter() - tv
-        path, nxt = accept_sampled(tree, np.asarray(p), rng)
+    rows = target_rows(vlogits[0], sampling)
+    t_verified = time.perf_counter() - tv
+    path, nxt = accept_greedy(tree, rows) if sampling.greedy else accept_sampled(tree, rows, rng)
     keep_rows(cache, len(tree), path)
     accepted = [tree.nodes[i].token for i in path[1:]]
     drafter.accept([anchor] + accepted, vtaps[:, mx.array(path)] if vtaps is not None else None)

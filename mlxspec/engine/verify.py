@@ -128,3 +128,13 @@ def _draw(probs: np.ndarray, rng: np.random.Generator) -> int:
 
 def sample_token(p: np.ndarray, rng: np.random.Generator) -> int:
     return _draw(np.asarray(p, dtype=np.float64), rng)
+
+
+def target_rows(logits: mx.array, sp: SamplingParams):
+    """A verify forward's rows [L, V], evaluated for acceptance: the argmax of each row (a list,
+    greedy) or its probabilities after the sampling transform ([L, V] numpy, sampled)."""
+    if sp.greedy:
+        return argmax_finite(logits).tolist()
+    p = probs_from_logits(logits, sp)
+    mx.eval(p)
+    return np.asarray(p)

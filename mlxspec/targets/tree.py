@@ -126,8 +126,11 @@ def layer_mask(c, depth: np.ndarray, anc: np.ndarray) -> mx.array:
 
 def tree_support(target) -> str | None:
     """None when `target` can verify trees; else why not (one line)."""
-    from mlxspec.targets.rollback import TargetCache  # noqa: F401 - the caches are the model's own
+    import inspect
 
+    if "tree" not in inspect.signature(type(target).__call__).parameters:
+        return (f"a {type(target).__name__} (e.g. a target sharded over ranks: its forward's header carries no "
+                "tree) verifies chains")
     cache = target.make_cache()
     for i, (c, k) in enumerate(zip(cache, cache.kinds)):
         if k == "arrays":
