@@ -46,6 +46,9 @@ CONFIGS = {  # name -> SpecConfig fields ("AR" is the plain loop)
     "suffix": dict(spec_type="ngram", lookup="suffix"),
     "default": dict(),
     "default+suffix": dict(lookup="suffix"),
+    # trees (docs/trees.md): every distinct continuation of the match, most frequent first
+    "suffix+tree": dict(spec_type="ngram", lookup="suffix", tree="auto"),
+    "default+suffix+tree": dict(lookup="suffix", tree="auto"),
 }
 
 
