@@ -187,10 +187,12 @@ def keep_rows(cache, n: int, rows) -> None:
 
     rows = [int(r) for r in rows]
     k = len(rows)
-    if rows == list(range(k)):
-        from mlxspec.targets.model import trim_cache
-
-        trim_cache(cache, n - k)
+    if rows == list(range(k)):  # a prefix: the chain's rollback
+        if isinstance(cache, TargetCache):
+            cache.rollback(n - k)
+        elif n > k:
+            for c in cache:
+                c.trim(n - k)
         return
     idx = mx.array(rows)
     step = cache.log[-1] if isinstance(cache, TargetCache) and cache.log else None
