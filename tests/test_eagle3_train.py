@@ -113,6 +113,10 @@ def test_train_eagle3_exports_a_drafter_that_loads_resumes_and_is_lossless(tmp_p
     m2, cfg2 = load_drafter(str(again / "hf"), target.info, log=io.StringIO())
     assert cfg2.draft_vocab_size == 200 and np.array_equal(np.asarray(m2.d2t), np.asarray(m.d2t))
     np.testing.assert_allclose(np.asarray(m2.fc.weight), np.asarray(m.fc.weight), atol=1e-6)
+    losses = [h["loss"] for h in json.loads((again / "state.json").read_text())["history"] if "loss" in h]
+    assert losses and np.isfinite(losses).all()
+    ckpt = mx.load(str(again / "checkpoint.safetensors"))
+    assert {str(v.dtype) for v in ckpt.values()} == {"mlx.core.float32"}  # trained in float32, whatever the export's
     capsys.readouterr()
     assert main(args + ["--minutes", "0.02", "--init-from", str(tmp_path / "nothing")]) == 2
     assert "nothing" in capsys.readouterr().err

@@ -323,7 +323,9 @@ def train_eagle3(target, stores: list[dict], out: str | Path, tc: Eagle3TrainCon
     t2d[d_ids] = np.arange(len(d_ids), dtype=np.int32)
     frozen = {**frozen_for_eagle3(target, model), "t2d": mx.array(t2d)}
     if tc.init_from and not state:
-        model.load_weights(list(tree_flatten(start.parameters())), strict=False)
+        # exports are float16/bfloat16; training (AdamW state, the loss over taps of ~1e3) is float32
+        model.load_weights([(k, v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v)
+                            for k, v in tree_flatten(start.parameters())], strict=False)
     elif tc.init == "target" and not state:
         init_from_target(model, target, tc.taps)
     model.lm_head.freeze()
