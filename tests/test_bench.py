@@ -37,12 +37,13 @@ def test_bench_tiny_run(drafter_dir, tmp_path, capsys):
     out = tmp_path / "out"
     rc = cli.main(["bench", "--draft", str(drafter_dir), "--draft-simple", str(simple), "--num-draft-tokens", "2",
                    "--categories", "code,chat", "--prompts-per-category", "1", "--max-tokens", "6",
-                   "--repeats", "1", "--temps", "0,1", "--no-random", "--out", str(out)])
+                   "--repeats", "1", "--temps", "0,1", "--no-random", "--trees", "3", "--out", str(out)])
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     fixed = ["draft-dspark dspark [fixed]", f"draft-simple {simple.name} [fixed]"]
     adaptive = ["draft-dspark dspark [adaptive]", "draft-dspark+ngram dspark [adaptive]", "ngram [adaptive]"]
-    labels = ["mlx_lm AR", "mlxspec AR", fixed[0], *adaptive, fixed[1]]
+    trees = [f"{lab} tree=3" for lab in (fixed[0], *adaptive)]  # a tree row beside each chain row
+    labels = ["mlx_lm AR", "mlxspec AR", fixed[0], *adaptive, fixed[1], *trees]
     assert "Command: `" in cap.out and "| T | configuration | tok/s | x AR | tau |" in cap.out
     for lab in labels:
         assert f"| {lab} |" in cap.out
@@ -68,6 +69,7 @@ def test_bench_tiny_run(drafter_dir, tmp_path, capsys):
             assert r["ideal_speedup"] > 0 and r["efficiency"] == pytest.approx(r["ratio_vs_mlxspec_ar"] / r["ideal_speedup"])
             assert 0 < r["draft_share"] < 1 and r["draft_share"] + r["verify_share"] == pytest.approx(1.0)
     assert len(rows[(0.0, fixed[0], "all")]["per_position_acceptance"]) == 4
+    assert 2.0 < rows[(0.0, trees[0], "all")]["mean_verify_length"] <= 4.0  # 3 nodes + the anchor (fewer near the end)
     # greedy speculative decoding is lossless: the same tokens as mlxspec AR
     for lab in labels[2:]:
         assert rows[(0.0, lab, "all")]["same_tokens_as_ar"] == [2, 2]
@@ -89,6 +91,8 @@ def test_bench_tiny_run(drafter_dir, tmp_path, capsys):
     (["--prompts-per-category", "99"], "--prompts-per-category 99: the code set has only"),
     (["--max-tokens", "1"], "--max-tokens 1: tokens/s needs at least 2 tokens"),
     (["--policies", "fixed,greedy"], "--policies: unknown verify policy 'greedy'"),
+    (["--trees", "off"], "--trees 'off': list auto and/or node counts"),
+    (["--trees", "auto,wide"], "--tree 'wide': use off, auto, or a node count 1..64"),
     (["--background-load", "-1"], "--background-load -1: use 0.."),
     (["--background-load", "999"], "--background-load 999: use 0.."),
     (["--model", "someone/Other-Model-4bit"],
