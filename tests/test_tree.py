@@ -236,8 +236,8 @@ def real(smollm2):
     return target, ids, ar
 
 
-@pytest.mark.parametrize("draft", ["eagle3", "dspark", "lookup"])
-@pytest.mark.parametrize("policy, tree", [("fixed", "8"), ("adaptive", "auto")])
+@pytest.mark.parametrize("draft, policy, tree", [("eagle3", "fixed", "8"), ("dspark", "fixed", "8"),
+                                                 ("lookup", "fixed", "8"), ("eagle3", "adaptive", "auto")])
 def test_real_model_trees_equal_autoregressive(real, draft, policy, tree):
     """SmolLM2 with each shipped drafter (with prompt lookup merged in) and with lookup alone:
     greedy tree output == autoregressive; the fixed trees verify 8 nodes and beat the chain's
