@@ -114,9 +114,10 @@ class DraftTree:
                     waiting.setdefault(self.nodes[j].parent, []).append(j)
         return out
 
-    def select(self, budget: int) -> "DraftTree":
-        """The root and the `budget` best nodes, re-indexed in depth order (a topological order)."""
-        keep = set(self.ranked()[: max(budget, 0)]) | {0}
+    def select(self, budget: int, ranked: list[int] | None = None) -> "DraftTree":
+        """The root and the `budget` best nodes (of `ranked`, this tree's `ranked()` when already
+        computed), re-indexed in depth order (a topological order)."""
+        keep = set((self.ranked() if ranked is None else ranked)[: max(budget, 0)]) | {0}
         order = sorted(keep, key=lambda i: (self.nodes[i].depth, i))
         new_idx = {old: new for new, old in enumerate(order)}
         out = DraftTree(self.nodes[0].token)
@@ -127,9 +128,6 @@ class DraftTree:
         for old in order:  # children in their original order (lookup first, drafter by rank)
             out.nodes[new_idx[old]].kids = [new_idx[k] for k in self.nodes[old].kids if k in keep]
         return out
-
-    def scores(self) -> list[float]:
-        return [self.nodes[i].score for i in self.ranked()]
 
 
 # ------------------------------------------------------------------------------- builders

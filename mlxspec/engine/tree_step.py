@@ -73,8 +73,12 @@ def draft_tree(drafter, policy, anchor: int, n_cap: int, sampling, rng, settings
     """-> (tree before selection or None for an autoregressive step, plan source, draft seconds,
     drafter forwards)."""
     model_drafts, has_lookup = proposals(drafter)
-    conts, match = propose_many(drafter.index, anchor, n_cap, settings.width) if has_lookup and \
-        hasattr(drafter, "index") else ((([drafter.lookup(anchor, n_cap)[0]], 0)) if has_lookup else ([], 0))
+    conts, match = [], 0
+    if has_lookup and hasattr(drafter, "index"):
+        conts, match = propose_many(drafter.index, anchor, n_cap, settings.width)
+    elif has_lookup:  # a wrapper without its index (the server's): its one proposal
+        toks, match = drafter.lookup(anchor, n_cap)
+        conts = [toks]
     conts = [c for c in conts if c]
     plan = policy.plan(n_cap, max((len(c) for c in conts), default=0), match, model_drafts)
     if plan.n <= 0 or plan.source.kind is Kind.NONE:
@@ -143,10 +147,11 @@ def tree_step(target, cache, drafter, policy, anchor: int, n_cap: int, sampling,
     if tree is None or len(tree) <= 1:
         return None
     cap = min(settings.nodes, len(tree) - 1)
+    ranked = tree.ranked()
     if settings.mode != "fixed" and hasattr(policy, "verify_time"):
         # the drafting is paid for: keep the nodes whose verify rows pay (as truncating a chain)
-        cap = max(1, choose_budget(tree.scores(), policy.verify_time, 0.0, cap))
-    tree = tree.select(cap)
+        cap = max(1, choose_budget([tree.nodes[i].score for i in ranked], policy.verify_time, 0.0, cap))
+    tree = tree.select(cap, ranked)
     stats.draft_time += time.perf_counter() - t0
     tv = time.perf_counter()
     vlogits, vtaps = target(mx.array([tree.tokens]), cache, taps=taps, logits="all", tree=tree.parents)
