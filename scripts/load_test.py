@@ -101,7 +101,8 @@ def stream_chat(host, port, key, model, messages, max_tokens, extra=None, timeou
     if usage is None:
         raise RuntimeError("no usage chunk")
     return {"ttft": ttft if ttft is not None else total, "total": total, "tokens": usage["completion_tokens"],
-            "text": text, "cached": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)}
+            "text": text, "cached": usage.get("prompt_tokens_details", {}).get("cached_tokens", 0),
+            "accepted": usage.get("mlxspec", {}).get("accepted", 0)}
 
 
 def run_level(host, port, key, model, prompts, concurrency, max_tokens, time_limit, extra=None) -> tuple[dict, list]:

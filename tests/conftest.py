@@ -30,7 +30,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 ROOT = Path(__file__).resolve().parent.parent
-CLONE_CACHE = ROOT / ".cache"  # gitignored: per-clone test data (golden vocab files, the model copy, venvs)
+CLONE_CACHE = ROOT / ".cache"  # gitignored: per-clone test data (golden vocab files, the model copy)
+# the peers' venvs (speculators + torch, mlx-vlm): third-party tools the interop and conformance
+# tests run beside mlxspec, never mlxspec state. Kept per machine, named by their exact pins and
+# this Python, so a fresh clone reuses a warm machine's instead of installing torch again (each
+# is still probed by importing what the test runs, and remade when that fails)
+PEER_VENVS = Path(os.environ.get("MLXSPEC_PEER_VENVS") or Path.home() / ".cache" / "mlxspec-peer-venvs").expanduser()
+
+
+def peer_venv(name: str, pins) -> Path:
+    import hashlib
+    import sys
+
+    key = hashlib.sha256(repr((sys.version_info[:3], tuple(pins))).encode()).hexdigest()[:12]
+    return PEER_VENVS / f"{name}-{key}"
 USER_CACHE = Path(os.environ.get("MLXSPEC_CACHE") or Path.home() / ".cache" / "mlxspec").expanduser()
 TEST_CACHE = Path(tempfile.mkdtemp(prefix="mlxspec-test-cache-"))
 os.environ["MLXSPEC_CACHE"] = str(TEST_CACHE)

@@ -147,15 +147,21 @@ def _eagle3(smollm2, path, prompts):
     return _run(smollm2, prompts, spec.drafter_factory)
 
 
-def test_eagle3_acceptance_floor_and_lossless(smollm2, prompts, autoregressive):
-    st, outs = _eagle3(smollm2, _path("eagle3"), prompts)
+@pytest.fixture(scope="module")
+def eagle3_right(smollm2, prompts):
+    """The shipped EAGLE-3 file read as it says (both tests below compare against it)."""
+    return _eagle3(smollm2, _path("eagle3"), prompts)
+
+
+def test_eagle3_acceptance_floor_and_lossless(eagle3_right, autoregressive):
+    st, outs = eagle3_right
     assert st.acceptance_rate >= EAGLE3_FLOOR, (
         f"eagle3 drafter {_rate(st)} is below the floor {EAGLE3_FLOOR:.1%}: drafting works but the target "
         "rejects it; check the taps (their convention), the d2t map and the chain's pairing")
     assert outs == autoregressive
 
 
-def test_eagle3_read_with_the_wrong_tap_convention(smollm2, prompts, autoregressive, tmp_path):
+def test_eagle3_read_with_the_wrong_tap_convention(smollm2, prompts, autoregressive, eagle3_right, tmp_path):
     """The shipped speculators file rewritten as SpecForge's layout with the SAME numbers (what an
     engine that assumes SpecForge's convention reads) taps every layer one deeper. It loads, drafts
     at full speed, stays lossless, and accepts less; it does NOT collapse for this drafter (measured
@@ -181,7 +187,7 @@ def test_eagle3_read_with_the_wrong_tap_convention(smollm2, prompts, autoregress
     right_taps = load_drafter(src, target.info, log=io.StringIO())[1].target_layer_ids
     wrong_taps = load_drafter(str(wrong), target.info, log=io.StringIO())[1].target_layer_ids
     assert [w - r for w, r in zip(wrong_taps, right_taps)] == [1, 1, 1]
-    right, _ = _eagle3(smollm2, src, prompts)
+    right, _ = eagle3_right
     st, outs = _eagle3(smollm2, wrong, prompts)
     assert right.acceptance_rate >= EAGLE3_FLOOR, f"read right: {_rate(right)}"
     assert st.accepted < right.accepted and st.acceptance_rate < right.acceptance_rate, (

@@ -13,7 +13,7 @@ drafting path must match mlx-vlm. Once the window binds they differ by design: t
 checks that they do differ, and that mlxspec's layers, given the context rows mlx-vlm's cache
 handed over (recorded by the peer script), give mlx-vlm's logits, candidates and chain.
 
-mlx-vlm runs in its own venv, `.cache/venv-mlxvlm` (gitignored), created here on first use from
+mlx-vlm runs in its own venv, `~/.cache/mlxspec-peer-venvs/mlxvlm-*` (`conftest.peer_venv`: per machine, named by the pins), created here on first use from
 PyPI: mlx (this venv's version, `mlx[cpu]` on Linux), `mlx-vlm==0.7.10 --no-deps` and the few
 modules its drafter package imports. MLXSPEC_MLXVLM_PYTHON points at an existing interpreter.
 """
@@ -31,6 +31,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import peer_venv
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxspec import kernels
@@ -46,11 +47,11 @@ from tiny_targets import tiny_target
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-VENV = ROOT / ".cache" / "venv-mlxvlm"
 CHECK = Path(__file__).with_name("mlxvlm_dflash2_check.py")
 MLX = f"mlx[cpu]=={mx.__version__}" if sys.platform.startswith("linux") else f"mlx=={mx.__version__}"
 # what mlx_vlm.speculative.drafters imports (its package __init__ pulls in mlx_vlm.utils)
 DEPS = ("numpy", "requests", "huggingface_hub", "pillow", "transformers")
+VENV = peer_venv("mlxvlm", (MLX, *DEPS, "mlx-vlm==0.7.10"))
 WINDOW, BLOCK = 8, 4
 SCHEDULE = [2, 2, 3, 1, 4]  # new context rows before each call: anchors at positions 2, 4, 7, 8, 12
 

@@ -23,7 +23,7 @@ Positions: mlx-vlm puts pair i at RoPE position i + 1 (its `_next_position` star
 i. RoPE makes attention depend on position differences only, so the logits agree to float
 tolerance; a bug in either's positions (a chain row at the wrong offset) still shows.
 
-mlx-vlm runs in its own venv, `.cache/venv-mlxvlm`, made on first use by test_dflash2_conformance's
+mlx-vlm runs in its own venv, `~/.cache/mlxspec-peer-venvs/mlxvlm-*`, made on first use by test_dflash2_conformance's
 fixture (reused here). MLXSPEC_MLXVLM_PYTHON points at an existing interpreter.
 """
 

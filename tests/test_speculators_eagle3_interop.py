@@ -28,7 +28,7 @@ speculators' own model.
 speculators still reads the verifier (`speculators_config.verifier.name_or_path`, a Hugging Face id)
 for its config (tap ids checked against its depth, hidden size compared) and its head / final norm:
 `verifier_dir` writes those as an HF-style directory, used in the id's place (tests run offline).
-The venv is test_speculators_interop's (`.cache/venv-speculators`, made on first use;
+The venv is test_speculators_interop's (`~/.cache/mlxspec-peer-venvs/speculators-*`, made on first use;
 MLXSPEC_SPECULATORS_PYTHON overrides).
 """
 

@@ -3,7 +3,7 @@
 modules, drafts the same tokens as mlxspec.
 
 speculators needs torch, which mlxspec does not: the check runs as a subprocess
-(tests/speculators_check.py) in a separate venv, `.cache/venv-speculators` (gitignored),
+(tests/speculators_check.py) in a separate venv, `~/.cache/mlxspec-peer-venvs/speculators-*` (`conftest.peer_venv`: per machine, named by the pins),
 created here on first use: `pip install torch==2.13.0 speculators==0.9.0` from PyPI (torch's
 CPU wheel where pip finds one, e.g. with PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu),
 then torchvision / torchaudio uninstalled (declared by speculators, never imported by it).
@@ -24,6 +24,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from conftest import peer_venv
+
 from mlxspec.drafters.load import load_drafter, save_drafter
 from mlxspec.drafters.config import DrafterConfig
 from mlxspec.drafters.model import DFlashModel
@@ -33,8 +35,8 @@ from mlxspec.engine.verify import SamplingParams
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parent.parent
-VENV = ROOT / ".cache" / "venv-speculators"
 REQUIREMENTS = ("torch==2.13.0", "speculators==0.9.0")
+VENV = peer_venv("speculators", REQUIREMENTS)
 CHECK = Path(__file__).with_name("speculators_check.py")
 SHIPPED = ROOT / "mlxspec" / "weights"
 

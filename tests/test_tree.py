@@ -268,3 +268,40 @@ def test_cli_refuses_a_bad_tree_in_one_line(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1].endswith("--tree 'wide': use off, auto, or a node count 1..64")
     assert "Traceback" not in r.stderr
+
+
+def test_calibration_learns_what_siblings_really_get_and_shrinks_the_budget():
+    """Node classes and exact factors: a drafter chain (0.9, 0.9) with a sibling at the root
+    (predicted 0.45) and a first child under that sibling (off the chain). After the target
+    accepts the chain every step, the siblings' factor falls to exactly (0 + 1) / (sum of the
+    decayed predictions + 1), the chain's rises, and the cost-chosen budget drops the siblings."""
+    from mlxspec.engine.tree import TreeCalibration, choose_budget
+
+    def make():
+        t = DraftTree(1)
+        a = t.add(0, 10, 0.9, "drafter")
+        t.add(a, 11, 0.81, "drafter")
+        b = t.add(0, 20, 0.45, "drafter")
+        t.add(b, 21, 0.405, "drafter")
+        return t
+
+    cal = TreeCalibration(decay=1.0)
+    t = make()
+    cal.rescore(t)
+    assert [n.cls for n in t.nodes[1:]] == ["drafter/chain", "drafter/chain", "drafter/alt", "drafter/off"]
+    assert [round(n.cond, 6) for n in t.nodes[1:]] == [0.9, 0.9, 0.45, 0.9]
+    assert [round(n.score, 6) for n in t.nodes] == [1.0, 0.9, 0.81, 0.45, 0.405]  # no history: factor 1
+    cost = [1.0, 1.05, 1.10, 1.15, 1.20]  # verify seconds by rows
+    assert choose_budget([t.nodes[i].score for i in t.ranked()], cost, 0.0, 4) == 4
+    for _ in range(10):
+        t = make()
+        cal.rescore(t)
+        cal.observe(t, [0, 1, 2])  # the chain accepted; node 4's parent (3) never is: untried
+    assert cal.factor("drafter/alt") == pytest.approx(1 / (10 * 0.45 + 1))
+    assert cal.factor("drafter/chain") == pytest.approx((20 + 1) / (10 * 1.8 + 1))
+    assert "drafter/off" not in cal.pred
+    t = make()
+    cal.rescore(t)
+    assert t.nodes[3].score == pytest.approx(0.45 / 5.5)
+    assert t.nodes[2].score == pytest.approx((0.9 * 21 / 19) ** 2)
+    assert choose_budget([t.nodes[i].score for i in t.ranked()], cost, 0.0, 4) == 2

@@ -31,6 +31,7 @@ import numpy as np
 from mlxspec.engine.drafting import Drafter, NoDrafter
 from mlxspec.engine.policy import FixedLength, LengthPolicy, Source
 from mlxspec.engine.step import Proposal, propose, record
+from mlxspec.engine.tree import TreeCalibration
 from mlxspec.engine.tree_step import TreeSettings, tree_step
 from mlxspec.engine.verify import (
     SamplingParams,
@@ -197,6 +198,7 @@ def generate_steps(
         return
     anchor, produced = first, 1
     trees = tree_settings(target, tree)
+    cal = TreeCalibration() if trees.on else None
 
     while produced < max_tokens:
         if check_invariants:
@@ -204,7 +206,7 @@ def generate_steps(
         # 1-2. draft and truncate, as the policy chooses (never more than can still be
         # committed: the bonus takes one slot)
         n_cap = min(drafter.max_drafts, max_tokens - produced - 1)
-        res = tree_step(target, cache, drafter, policy, anchor, n_cap, sampling, rng, trees, taps, stats) \
+        res = tree_step(target, cache, drafter, policy, anchor, n_cap, sampling, rng, trees, taps, stats, cal) \
             if trees.on and n_cap > 0 else None
         if res is not None:  # a tree was verified; else (trees off, or an autoregressive plan) a chain
             accepted, nxt = res

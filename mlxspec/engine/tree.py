@@ -54,6 +54,8 @@ class TreeNode:
     q: np.ndarray | None = None  # a sampled drafter child: the distribution it was drawn from
     excl: tuple = ()  # ... without these tokens (its siblings drawn before it)
     kids: list = field(default_factory=list)
+    cls: str = ""  # its calibration class (`TreeCalibration.rescore`; "" before)
+    cond: float = 1.0  # its predicted acceptance given its parent's, before calibration
 
 
 class DraftTree:
@@ -124,7 +126,8 @@ class DraftTree:
         out.nodes = []
         for old in order:
             n = self.nodes[old]
-            out.nodes.append(TreeNode(n.token, new_idx.get(n.parent, -1), n.depth, n.score, n.source, n.q, n.excl))
+            out.nodes.append(TreeNode(n.token, new_idx.get(n.parent, -1), n.depth, n.score, n.source, n.q, n.excl,
+                                      cls=n.cls, cond=n.cond))
         for old in order:  # children in their original order (lookup first, drafter by rank)
             out.nodes[new_idx[old]].kids = [new_idx[k] for k in self.nodes[old].kids if k in keep]
         return out
@@ -190,6 +193,62 @@ def top_candidates(q: np.ndarray, width: int, rng=None) -> np.ndarray:
     part = np.argpartition(-key, k - 1, axis=-1)[..., :k]
     order = np.argsort(-np.take_along_axis(key, part, axis=-1), axis=-1, kind="stable")
     return np.take_along_axis(part, order, axis=-1)
+
+
+class TreeCalibration:
+    """What the nodes' scores predict against what the target accepts, per class of node, so
+    that the budget (`choose_budget`) counts the acceptance a node really has.
+
+    A node's score multiplies conditional predictions down its path. The first child on a
+    source's own chain ("<source>/chain": the drafter's argmax chain, the most recent lookup
+    continuation) is predicted by the policy's per-position estimate, learned on that chain.
+    The others are not: a sibling ("<source>/alt": the r-th candidate, scored by the draft
+    probability ratio) and a first child under a sibling ("<source>/off": a block drafter's row
+    was drafted for the chain's prefix, not the sibling's) are guesses. Each class keeps decayed
+    sums of its predictions and hits over the nodes tried (parent on the accepted path), and its
+    nodes' conditional predictions are scaled by (hits + 1) / (predicted + 1) (prior weight 1
+    at ratio 1), capped so that no conditional exceeds 1."""
+
+    def __init__(self, decay: float = 0.97):
+        self.decay = decay
+        self.pred: dict[str, float] = {}
+        self.hit: dict[str, float] = {}
+
+    def factor(self, cls: str) -> float:
+        return (self.hit.get(cls, 0.0) + 1.0) / (self.pred.get(cls, 0.0) + 1.0)
+
+    def rescore(self, tree: DraftTree) -> None:
+        """Classify every node, keep its raw conditional, and replace its score by the
+        calibrated path product (nodes are in topological order: parents first)."""
+        on_chain = {0}
+        for src in ("lookup", "drafter"):
+            i = 0
+            while True:
+                kid = next((k for k in tree.nodes[i].kids if tree.nodes[k].source == src), None)
+                if kid is None:
+                    break
+                on_chain.add(kid)
+                i = kid
+        raw = [n.score for n in tree.nodes]
+        for i, n in enumerate(tree.nodes):
+            if i == 0:
+                continue
+            par = tree.nodes[n.parent]
+            n.cond = raw[i] / raw[n.parent] if raw[n.parent] > 0 else 0.0
+            first = next((k for k in par.kids if tree.nodes[k].source == n.source), None) == i
+            n.cls = f"{n.source}/{'chain' if i in on_chain else 'off' if first else 'alt'}"
+            n.score = par.score * min(1.0, n.cond * self.factor(n.cls))
+
+    def observe(self, tree: DraftTree, path: list[int]) -> None:
+        """After verification: every node whose parent was accepted was tried."""
+        on = set(path)
+        for d in (self.pred, self.hit):
+            for k in d:
+                d[k] *= self.decay
+        for i, n in enumerate(tree.nodes):
+            if i and n.parent in on and n.cls:
+                self.pred[n.cls] = self.pred.get(n.cls, 0.0) + n.cond
+                self.hit[n.cls] = self.hit.get(n.cls, 0.0) + (i in on)
 
 
 def choose_budget(scores: list[float], verify_time, draft_time: float, cap: int) -> int:

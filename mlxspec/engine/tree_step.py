@@ -22,7 +22,8 @@ import numpy as np
 from mlxspec.engine.drafting import proposals
 from mlxspec.engine.ngram import propose_many
 from mlxspec.engine.policy import Kind, Source
-from mlxspec.engine.tree import DraftTree, accept_greedy, accept_sampled, add_lookup, add_rows, choose_budget, top_candidates
+from mlxspec.engine.tree import (DraftTree, TreeCalibration, accept_greedy, accept_sampled, add_lookup, add_rows,
+                                 choose_budget, top_candidates)
 from mlxspec.engine.verify import target_rows
 from mlxspec.errors import MlxspecError
 from mlxspec.targets.tree import keep_rows
@@ -139,14 +140,17 @@ def _add_block(tree, inner, d, p, budget, width, sampling, rng) -> None:
 
 
 def tree_step(target, cache, drafter, policy, anchor: int, n_cap: int, sampling, rng, settings: TreeSettings,
-              taps, stats):
+              taps, stats, cal: TreeCalibration | None = None):
     """One tree step -> (accepted tokens, next token) or None where the plan is an autoregressive
-    step (the caller runs it). Updates the cache, the drafter, the policy and stats."""
+    step (the caller runs it). Updates the cache, the drafter, the policy and stats. cal: the
+    generation's node-score calibration (scores rescaled before the budget, updated after)."""
     t0 = time.perf_counter()
     tree, source, t_draft, forwards = draft_tree(drafter, policy, anchor, n_cap, sampling, rng, settings)
     if tree is None or len(tree) <= 1:
         return None
     cap = min(settings.nodes, len(tree) - 1)
+    if cal is not None:
+        cal.rescore(tree)
     ranked = tree.ranked()
     if settings.mode != "fixed" and hasattr(policy, "verify_time"):
         # the drafting is paid for: keep the nodes whose verify rows pay (as truncating a chain)
@@ -159,6 +163,8 @@ def tree_step(target, cache, drafter, policy, anchor: int, n_cap: int, sampling,
     t_verified = time.perf_counter() - tv
     path, nxt = accept_greedy(tree, rows) if sampling.greedy else accept_sampled(tree, rows, rng)
     keep_rows(cache, len(tree), path)
+    if cal is not None:
+        cal.observe(tree, path)
     accepted = [tree.nodes[i].token for i in path[1:]]
     drafter.accept([anchor] + accepted, vtaps[:, mx.array(path)] if vtaps is not None else None)
     stats.verify_time += time.perf_counter() - tv
