@@ -93,6 +93,7 @@ def test_bench_tiny_run(drafter_dir, tmp_path, capsys):
     (["--policies", "fixed,greedy"], "--policies: unknown verify policy 'greedy'"),
     (["--trees", "off"], "--trees 'off': list auto and/or node counts"),
     (["--trees", "auto,wide"], "--tree 'wide': use off, auto, or a node count 1..64"),
+    (["--suffix", "--no-ngram"], "--suffix adds a twin to each prompt-lookup row: drop --no-ngram"),
     (["--background-load", "-1"], "--background-load -1: use 0.."),
     (["--background-load", "999"], "--background-load 999: use 0.."),
     (["--model", "someone/Other-Model-4bit"],

@@ -48,7 +48,7 @@ def _bench(a, s, blas_msg) -> int:
         kind = w["kind"]
         cfg = SpecConfig(draft=w["path"], spec_type="ngram" if kind == "ngram" else kind, policy=w["policy"],
                          num_draft_tokens=a.num_draft_tokens if kind == "draft-simple" else None,
-                         ngram=w.get("ngram", False), tree=w.get("tree", "off"))
+                         ngram=w.get("ngram", False), tree=w.get("tree", "off"), lookup=w.get("lookup", "ngram"))
         spec = Speculator.build(cfg, target, model=a.model)
         return random_weights(spec, w["path"], target) if w.get("random") else spec
 
@@ -66,6 +66,8 @@ def _bench(a, s, blas_msg) -> int:
         wanted.append(dict(path=s["drafts"][0], kind="auto", policy="adaptive", random=True))
     if s["ngram"]:
         wanted.append(dict(path=None, kind="ngram", policy="adaptive"))
+    if s["suffix"]:  # each lookup row's suffix-drafting twin
+        wanted += [dict(w, lookup="suffix") for w in list(wanted) if w.get("ngram") or w["kind"] == "ngram"]
     if a.draft_simple:
         wanted.append(dict(path=a.draft_simple, kind="draft-simple", policy="fixed"))
     # a tree row beside each drafter / lookup chain row (not the random-weight one)
@@ -77,6 +79,7 @@ def _bench(a, s, blas_msg) -> int:
             spec = speculator(w)
         label = spec.spec_type + (f" {Path(w['path']).name}" if w["path"] and w["kind"] != "ngram" else "")
         label += " (random weights)" if w.get("random") else ""
+        label += " lookup=suffix" if w.get("lookup") == "suffix" else ""
         label += f" [{w['policy']}]" + (f" tree={w['tree']}" if w.get("tree") else "")
         if any(c["label"] == label for c in configs):
             label += f" #{len(configs)}"

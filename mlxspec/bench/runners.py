@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -19,6 +20,7 @@ from mlxspec.drafters.load import load_drafter
 from mlxspec.drafters.model import DFlashModel
 from mlxspec.engine.drafting import BlockDrafter
 from mlxspec.engine.loop import SpecStats
+from mlxspec.engine.suffix import SuffixIndex
 from mlxspec.engine.verify import SamplingParams
 from mlxspec.targets.convert import cached_mlx_copy
 from mlxspec.targets.load import default_dense, resolve_model_path
@@ -34,10 +36,14 @@ def mlx_lm_dir(model: str | None, root: str | None) -> Path:
 
 def mlxspec_runner(target, eos, speculator: Speculator | None = None):
     """mlxspec through the API: `Speculator.session` (a new drafter and verify policy per
-    request, as generate makes them); no speculator: autoregressive."""
+    request, as generate makes them); no speculator: autoregressive. A speculator with a shared
+    suffix index starts every run from an empty one (no run drafts from another's answer)."""
     spec = speculator or Speculator()
 
     def run(ids, temp, seed, max_tokens):
+        nonlocal spec
+        if spec.suffix is not None:
+            spec = replace(spec, suffix=SuffixIndex(spec.suffix.budget))
         st = SpecStats()
         out, t_first = [], None
         for step in spec.session(target, ids, max_tokens=max_tokens, sampling=SamplingParams(temp), seed=seed,

@@ -46,6 +46,9 @@ def add_bench_args(p):
     p.add_argument("--trees", default="", metavar="LIST",
                    help="tree settings to add rows for, comma-separated (auto and/or node counts): each drafter row, "
                         "its lookup row and lookup alone get a tree row beside their chain row (default none)")
+    p.add_argument("--suffix", action="store_true",
+                   help="beside each prompt-lookup row, its suffix-drafting twin (--lookup suffix; the shared index "
+                        "is emptied before every run, so that no run drafts from another's answer)")
     p.add_argument("--no-ngram", action="store_true",
                    help="skip the prompt-lookup rows (ngram alone; the first drafter + ngram)")
     p.add_argument("--no-random", action="store_true",
@@ -118,6 +121,9 @@ def settings(a) -> dict:
         if not TreeSettings.parse(x).on:
             raise MlxspecError(f"--trees {a.trees!r}: list auto and/or node counts (chain rows are always there)")
     s["ngram"] = not a.no_ngram
+    s["suffix"] = bool(getattr(a, "suffix", False))
+    if s["suffix"] and not s["ngram"]:
+        raise MlxspecError("--suffix adds a twin to each prompt-lookup row: drop --no-ngram")
     s["random"] = not a.no_random
     if a.out is not None:
         check_output_dir("--out", a.out)  # before minutes of benchmarking
