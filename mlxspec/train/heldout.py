@@ -39,18 +39,20 @@ def target_name(target) -> str:
 
 def default_heldout_dir(target, taps, n_per_category: int = 8, max_tokens: int = 64) -> Path:
     """Where `mlxspec train --heldout-every` keeps the target's held-out answers for these taps
-    (a store per prompt count and answer length; the default 8 x 64 keeps its original name)."""
+    (a store per prompt count and answer length; "-f32": stores with float32 taps, so a cache
+    written before them, with bfloat16 taps, is not replayed as if it were exact)."""
     from mlxspec.cache import cache_dir
 
     name = f"{target_name(target)}-t{'_'.join(map(str, taps))}"
     if (n_per_category, max_tokens) != (8, 64):
         name += f"-n{n_per_category}-m{max_tokens}"
-    return cache_dir() / "heldout" / name
+    return cache_dir() / "heldout" / f"{name}-f32"
 
 
 def build_heldout(target, tokenizer, taps, out: str | Path, n_per_category: int = 8, max_tokens: int = 64,
                   categories=CATEGORIES) -> Path:
-    """The target's greedy continuations of the held-out prompts -> out/<category>.npz."""
+    """The target's greedy continuations of the held-out prompts -> out/<category>.npz, with
+    float32 taps, so `heldout_tau` replays exactly what the engine drafts."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     prompts = load_prompts()
@@ -60,7 +62,8 @@ def build_heldout(target, tokenizer, taps, out: str | Path, n_per_category: int 
             continue
         ids = [encode_prompt(tokenizer, cat, p) for p in prompts[cat][:n_per_category]]
         P = max(len(i) for i in ids)
-        rows = generate_windows(target, ids, taps, P + max_tokens + 1, 0.0, tokenizer.eos_token_ids, 0)
+        rows = generate_windows(target, ids, taps, P + max_tokens + 1, 0.0, tokenizer.eos_token_ids, 0,
+                                exact_taps=True)
         np.savez(f, **{k: np.stack([r[k] for r in rows]) for k in ("tokens", "taps", "start", "end")},
                  max_tokens=max_tokens)
     return out

@@ -159,11 +159,14 @@ def _batch_cache(target, pads: list[int]) -> list:
     return out
 
 
-def generate_windows(target, prompts: list[list[int]], taps, seq_len: int, temp: float, eos_ids, seed: int):
+def generate_windows(target, prompts: list[list[int]], taps, seq_len: int, temp: float, eos_ids, seed: int,
+                     exact_taps: bool = False):
     """Answer `prompts` in one left-padded batch -> per-row dict of window arrays.
 
     Every row decodes seq_len - max(prompt length) tokens (the batch shares one length),
-    stops early once all rows have emitted EOS; taps and top-k come from the same forwards."""
+    stops early once all rows have emitted EOS; taps and top-k come from the same forwards.
+    Taps are stored as bfloat16 bits, or as float32 with exact_taps (the held-out store: a
+    replay from rounded taps flips the odd near-tied draft the engine, on float32 taps, does not)."""
     b = len(prompts)
     P = max(len(p) for p in prompts)
     pads = [P - len(p) for p in prompts]
@@ -186,7 +189,7 @@ def generate_windows(target, prompts: list[list[int]], taps, seq_len: int, temp:
         else:
             nxt = ids[:, -1:, 0]
         mx.eval(tp, ids, pk, nxt)
-        tap_l.append(taps_to_store(tp))
+        tap_l.append(np.asarray(tp.astype(mx.float32)) if exact_taps else taps_to_store(tp))
         id_l.append(np.asarray(ids))
         p_l.append(np.asarray(pk.astype(mx.float16)))
         if step == G or finished.all():
@@ -203,7 +206,7 @@ def generate_windows(target, prompts: list[list[int]], taps, seq_len: int, temp:
         n = len(t)
         hit = np.nonzero(np.isin(t[len(prompts[i]):], eos))[0]
         end = len(prompts[i]) + int(hit[0]) + 1 if len(hit) else n
-        w = {"tokens": np.zeros(seq_len, np.int32), "taps": np.zeros((seq_len, taps_a.shape[-1]), np.uint16),
+        w = {"tokens": np.zeros(seq_len, np.int32), "taps": np.zeros((seq_len, taps_a.shape[-1]), taps_a.dtype),
              "topk_ids": np.zeros((seq_len, TOPK), np.int32), "topk_probs": np.zeros((seq_len, TOPK), np.float16)}
         w["tokens"][:n] = t
         w["taps"][:n] = taps_a[i, s : s + n]
