@@ -44,7 +44,7 @@ def test_bench_tiny_run(drafter_dir, tmp_path, capsys):
     adaptive = ["draft-dspark dspark [adaptive]", "draft-dspark+ngram dspark [adaptive]", "ngram [adaptive]"]
     trees = [f"{lab} tree=3" for lab in (fixed[0], *adaptive)]  # a tree row beside each chain row
     labels = ["mlx_lm AR", "mlxspec AR", fixed[0], *adaptive, fixed[1], *trees]
-    assert "Command: `" in cap.out and "| T | configuration | tok/s | x AR | tau |" in cap.out
+    assert "Command: `" in cap.out and "| T | configuration | tok/s | x AR | tau | accept | drafter |" in cap.out
     for lab in labels:
         assert f"| {lab} |" in cap.out
 
@@ -75,6 +75,9 @@ def test_bench_tiny_run(drafter_dir, tmp_path, capsys):
         assert rows[(0.0, lab, "all")]["same_tokens_as_ar"] == [2, 2]
     simple_row = rows[(0.0, fixed[1], "all")]
     assert simple_row["acceptance_rate"] > 0.8 and simple_row["tau"] > 1.5
+    assert simple_row["drafter_accepted_share"] == 1.0  # no lookup beside it: every accepted draft is the drafter's
+    for t in (0.0, 1.0):  # prompt lookup alone: none of its accepted drafts are a drafter's
+        assert rows[(t, "ngram [adaptive]", "all")]["drafter_accepted_share"] in (None, 0.0)
 
     if importlib.util.find_spec("matplotlib"):
         for name in ("speedup.png", "acceptance.png", "tau_by_category.png"):

@@ -31,10 +31,12 @@ def markdown(rows: list[Row], meta, s, ms, context) -> str:
         + (f", {L_max} tokens {ms[L_max]:.2f} ms ({ms[L_max] / ms[1]:.2f}x)." if L_max > 1 else "."),
         "",
         "tok/s: generation only (prefill excluded), median over repeats, mean over prompts. "
-        "x AR: over mlxspec AR. ideal = tau * t(1) / t(mean verify length); eff = x AR / ideal.",
+        "x AR: over mlxspec AR. ideal = tau * t(1) / t(mean verify length); eff = x AR / ideal. "
+        "drafter: the drafter's share of the accepted drafts (prompt lookup's is the rest).",
         "",
-        "| T | configuration | tok/s | x AR | tau | accept | verify len | ideal | eff | draft / verify | peak MiB | greedy = AR |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|",
+        "| T | configuration | tok/s | x AR | tau | accept | drafter | verify len | ideal | eff | draft / verify | peak MiB | "
+        "greedy = AR |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---|",
     ]
     for r in (r for r in rows if r.category == "all"):
         share = (f"{100 * r.draft_share:.0f}% / {100 * r.verify_share:.0f}%"
@@ -43,14 +45,15 @@ def markdown(rows: list[Row], meta, s, ms, context) -> str:
         out.append(
             f"| {r.temp:g} | {r.configuration} | {_f(r.tokens_per_s, '{:.1f}')} | "
             f"{_f(r.ratio_vs_mlxspec_ar)} | {_f(r.tau)} | {_f(r.acceptance_rate, '{:.1%}')} | "
-            f"{_f(r.mean_verify_length)} | {_f(r.ideal_speedup)} | {_f(r.efficiency, '{:.0%}')} | "
+            f"{_f(r.drafter_accepted_share, '{:.0%}')} | {_f(r.mean_verify_length)} | {_f(r.ideal_speedup)} | {_f(r.efficiency, '{:.0%}')} | "
             f"{share} | {r.peak_memory_mb:.0f} | {same} |")
     out += ["", "By category:", "",
-            "| T | configuration | category | tok/s | x AR | tau | accept | eff |", "|---|---|---|---:|---:|---:|---:|---:|"]
+            "| T | configuration | category | tok/s | x AR | tau | accept | eff | drafter |",
+            "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in (r for r in rows if r.category != "all"):
         out.append(f"| {r.temp:g} | {r.configuration} | {r.category} | {_f(r.tokens_per_s, '{:.1f}')} | "
                    f"{_f(r.ratio_vs_mlxspec_ar)} | {_f(r.tau)} | {_f(r.acceptance_rate, '{:.1%}')} | "
-                   f"{_f(r.efficiency, '{:.0%}')} |")
+                   f"{_f(r.efficiency, '{:.0%}')} | {_f(r.drafter_accepted_share, '{:.0%}')} |")
     spec_rows = [r for r in rows if r.category == "all" and r.acceptance_rate is not None]
     if spec_rows:
         n = max(len(r.per_position_acceptance) for r in spec_rows)

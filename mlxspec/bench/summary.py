@@ -31,6 +31,7 @@ class Row:
     mean_verify_length: float | None = None
     draft_share: float | None = None
     verify_share: float | None = None
+    drafter_accepted_share: float | None = None  # the drafter's share of the accepted drafts (lookup's is the rest)
     same_tokens_as_ar: list | None = None  # greedy: [prompts with AR's tokens, prompts]
     ratio_vs_mlxspec_ar: float | None = None
     ideal_speedup: float | None = None
@@ -75,6 +76,8 @@ def summarize(configs, timings, s, ms) -> list[Row]:
                     row.mean_verify_length = statistics.mean(st.verify_lengths) if st.verify_lengths else None
                     row.draft_share = st.draft_time / spent if spent else None
                     row.verify_share = st.verify_time / spent if spent else None
+                    if st.accepted and st.by_source:
+                        row.drafter_accepted_share = st.by_source.get("drafter", [0, 0])[1] / st.accepted
                 if temp == 0 and cfg["label"] != AR:  # greedy: the same tokens as mlxspec AR?
                     ref = timings[AR][temp]["tokens"]
                     same = [t == u for c in cats for t, u in zip(r["tokens"][c], ref[c])]
