@@ -121,6 +121,17 @@ def test_train_eagle3_exports_a_drafter_that_loads_resumes_and_is_lossless(tmp_p
     assert main(args + ["--minutes", "0.02", "--init-from", str(tmp_path / "nothing")]) == 2
     assert "nothing" in capsys.readouterr().err
 
+    # --online: no store, the target runs on each step's corpus windows; resumable at the cursor
+    online = ["train", "--model", str(model), "--out", str(tmp_path / "on"), "--lineage", "eagle3", "--online",
+              "--corpus", "fortunes=/usr/share/games/fortunes/*", "--tokens", "fortunes=512", "--seq-len", "32",
+              "--data-batch", "4", "--draft-vocab", "200", "--ttt-steps", "3"]
+    assert main(online + ["--minutes", "0.02"]) == 0, capsys.readouterr().err
+    st = json.loads((tmp_path / "on" / "state.json").read_text())
+    assert st["step"] > 0 and st["cursor"] == 4 * st["step"] and st["source"]["kind"] == "online-corpus"
+    m3, cfg3 = load_drafter(str(tmp_path / "on" / "hf"), target.info, log=io.StringIO())
+    st3 = SpecStats()
+    assert run(target, ids, Eagle3Drafter(m3, cfg3, target, 3), max_tokens=24, stats=st3) == run(target, ids, max_tokens=24)
+
 
 def test_heldout_replay_equals_the_engine_for_eagle3(smollm2, tmp_path):
     """`train.heldout.heldout_tau` with the EAGLE-3 lengths (one TTT pass + the greedy anchor walk)
@@ -166,3 +177,79 @@ def test_regen_chat_questions_mix_three_kinds_and_never_the_heldout_ones():
     assert any(q.startswith("What does this saying mean?") for q in gen)
     assert any(q.startswith("Write a short poem about") for q in gen)
     assert not set(CHAT_QUESTIONS) & {q for _, q in qs}
+
+
+# ----------------------------------------------------------------------------- --online
+
+ONLINE_TAPS = [1, 14, 26]
+ONLINE_SRC = {"fortunes": ["/usr/share/games/fortunes/*"]}
+ONLINE_BUDGET = {"fortunes": 256}  # 8 windows of 32 tokens
+
+
+def _online_source(smollm2):
+    from mlxspec.train.online import OnlineCorpus
+
+    target, tok = smollm2
+    return OnlineCorpus(target, tok, ONLINE_TAPS, seq_len=32, tokens_per_category=ONLINE_BUDGET, batch=4,
+                        sources=ONLINE_SRC)
+
+
+def _online_tc():
+    from mlxspec.train.eagle3 import Eagle3TrainConfig
+
+    # a budget no test reaches: the cosine factor stays 1 in float32, so the steps do not depend on timing
+    return Eagle3TrainConfig(taps=ONLINE_TAPS, draft_vocab=512, ttt_steps=3, lr=1e-3, warmup=2, minutes=1e6,
+                             seqs_per_step=2, seq_len=32, ttt_fraction=0.5, save_minutes=1e6)
+
+
+def _eagle3_weights(out):
+    return {k: np.asarray(v) for k, v in mx.load(str(out / "checkpoint.safetensors")).items()}
+
+
+def test_online_eagle3_equals_a_store_of_the_same_windows_read_in_order_and_resumes_at_the_next_window(
+        smollm2, tmp_path):
+    """`mlxspec train --lineage eagle3 --online`: 4 steps over the 8 corpus windows (2 a step)
+    equal 4 steps over a store prepared from the same windows, read in order (same draft
+    vocabulary, losses, weights); stopped after 2 steps and resumed, the run reads windows 4-7
+    only and ends with the same weights; the checkpoint keeps the cursor."""
+    import json
+
+    from mlxspec.train.data import load_shards, prepare_shards
+    from mlxspec.train.eagle3 import StoreInOrder, train_eagle3
+
+    target, tok = smollm2
+    quiet = lambda *a: None  # noqa: E731
+    src = _online_source(smollm2)
+    on = train_eagle3(target, src, tmp_path / "on", _online_tc(), log=quiet, stop_after=4)
+    assert on["steps"] == 4 and src.target_tokens == 8 * 32  # each window through the target once
+    store = tmp_path / "store"
+    prepare_shards(target, tok, store, ONLINE_TAPS, seq_len=32, tokens_per_category=ONLINE_BUDGET, batch=4,
+                   sources=ONLINE_SRC)
+    off = train_eagle3(target, StoreInOrder(load_shards(store)), tmp_path / "off", _online_tc(), log=quiet,
+                       stop_after=4)
+    st_on, st_off = (json.loads((tmp_path / d / "state.json").read_text()) for d in ("on", "off"))
+    assert st_on["d_ids"] == st_off["d_ids"] and len(st_on["d_ids"]) == 512
+    assert st_on["cursor"] == st_off["cursor"] == 8 and st_on["source"]["kind"] == "online-corpus"
+    w_on, w_off = _eagle3_weights(tmp_path / "on"), _eagle3_weights(tmp_path / "off")
+    assert w_on.keys() == w_off.keys()
+    for k in w_on:
+        np.testing.assert_allclose(w_on[k], w_off[k], rtol=0, atol=1e-6, err_msg=k)
+
+    first = _online_source(smollm2)
+    train_eagle3(target, first, tmp_path / "run", _online_tc(), log=quiet, stop_after=2)
+    assert json.loads((tmp_path / "run" / "state.json").read_text())["cursor"] == 4
+    again = _online_source(smollm2)
+    msgs = []
+    train_eagle3(target, again, tmp_path / "run", _online_tc(), log=msgs.append, stop_after=4)
+    assert msgs[0].startswith(f"mlxspec train: resumed {tmp_path / 'run'} at step 2")
+    assert (again.first_taken, again.taken) == (4, 4)  # the next unseen windows, each once
+    for k, v in _eagle3_weights(tmp_path / "run").items():
+        np.testing.assert_allclose(v, w_on[k], rtol=0, atol=1e-6, err_msg=k)
+    # other online data on resume is refused: the cursor would point into another plan of windows
+    from mlxspec.errors import MlxspecError
+    from mlxspec.train.online import OnlineCorpus
+
+    other = OnlineCorpus(target, tok, ONLINE_TAPS, seq_len=32, tokens_per_category={"fortunes": 320}, batch=4,
+                         sources=ONLINE_SRC)
+    with pytest.raises(MlxspecError, match="holds a run trained on other online data"):
+        train_eagle3(target, other, tmp_path / "run", _online_tc(), log=quiet, stop_after=6)

@@ -56,7 +56,8 @@ def add_train_args(p):
                    help="no store: each step runs the target on the next corpus windows (prefill, taps, top-k: what "
                         "a store would hold) and trains on them; resumable at the next unseen window. A store costs "
                         "5.8 kB per token (SmolLM2), so for 1e8+ tokens on a GPU this is the way; it pays the "
-                        "target's prefill on every pass over the windows, a store once (docs/training.md)")
+                        "target's prefill on every pass over the windows, a store once (docs/training.md); eagle3: its "
+                        "passes count in --minutes")
     p.add_argument("--window-order", choices=("random", "sequential"), default=None,
                    help="random: each window drawn at random from the store(s) (default offline); sequential: one "
                         "store read in order, each window once per pass (what --online does)")
@@ -333,13 +334,13 @@ def _train_eagle3(a, target, tok, taps, mix, data) -> int:
     check_int_arg("--ttt-steps", a.ttt_steps, 1, MAX_BLOCK)
     check_float_arg("--minutes", a.minutes, 0.0, 1e6, lo_open=True)
     check_float_arg("--ttt-fraction", a.ttt_fraction, 0.0, 1.0, lo_open=True)
-    if a.online:
-        raise MlxspecError("--lineage eagle3 trains from stores (--data); drop --online")
     if a.init_from and not Path(a.init_from).exists():
         raise MlxspecError(f"--init-from {a.init_from}: no drafter export there; pass an EAGLE-3 export directory "
                            "(e.g. mlxspec/weights/smollm2-135m-eagle3)")
-    dirs = [(d, first) for d, _, first in mix] if mix else [(str(data), 0)]
-    stores = []
+    dirs = [] if a.online else [(d, first) for d, _, first in mix] if mix else [(str(data), 0)]
+    stores = data if a.online else []  # online: the corpus windows in order, the target run on each step's
+    if a.online:
+        data.set_limit(a.max_windows)
     for d, first in dirs:
         meta = json.loads((Path(d) / "meta.json").read_text())
         if list(meta.get("taps", [])) != list(taps):
@@ -361,6 +362,6 @@ def _train_eagle3(a, target, tok, taps, mix, data) -> int:
         heldout = str(build_heldout(target, tok, taps, default_heldout_dir(target, taps, n, m), n_per_category=n,
                                     max_tokens=m))
     with writing("--out", a.out):
-        rep = train_eagle3(target, stores, a.out, tc, heldout, reload=reload)
+        rep = train_eagle3(target, stores, a.out, tc, heldout, reload=None if a.online else reload)
     print(f"mlxspec train: eagle3 {rep['steps']} steps in {rep['minutes']:.1f} min; export {Path(a.out) / 'hf'}")
     return 0

@@ -246,8 +246,31 @@ def init_from_target(model: Eagle3Model, target, taps: list) -> None:
 
 # ----------------------------------------------------------------------------- the loop
 
+from mlxspec.train.online import VOCAB_WINDOWS  # noqa: E402  (an in-order source's first windows choose the draft vocabulary)
+
+
+def _n_windows(stores) -> int:
+    if isinstance(stores, list):
+        return sum(len(s["tokens"]) for s in stores)
+    return int(getattr(stores, "limit", 0))
+
+def _batch(tokens, taps, topk_ids, topk_probs, ends, L: int) -> dict:
+    """A training batch from window arrays [n, >= L, ...] (taps as stored; ends: each window's
+    valid length, None: all of it)."""
+    from mlxspec.train.data import taps_from_store
+
+    ends = [min(int(e), L) for e in ends] if ends is not None else [L] * len(tokens)
+    return {"tokens": mx.array(np.asarray(tokens)[:, :L].astype(np.int32)),
+            "taps": taps_from_store(np.asarray(taps)[:, :L]),
+            "topk_ids": mx.array(np.asarray(topk_ids)[:, :L].astype(np.int32)),
+            "topk_probs": mx.array(np.asarray(topk_probs)[:, :L].astype(np.float32)),
+            "end": mx.array(ends), "lo": mx.array([0] * len(ends)), "positions": float(sum(e - 1 for e in ends))}
+
+
 class Windows:
     """Random windows of one or more stores: tokens, taps, labels and the supervised range."""
+
+    cursor = None  # windows are drawn, not read in order: nothing to resume from
 
     def __init__(self, stores: list[dict], seq_len: int, seed: int):
         self.L = seq_len
@@ -260,8 +283,6 @@ class Windows:
         self.p = sizes / sizes.sum()
 
     def __call__(self, n: int) -> dict:
-        from mlxspec.train.data import taps_from_store
-
         rows = []
         for _ in range(n):
             s = self.stores[self.rng.choice(len(self.stores), p=self.p)]
@@ -269,12 +290,43 @@ class Windows:
             end = int(s["end"][w]) if "end" in s else s["tokens"].shape[1]
             rows.append((s, w, end))
         L = min(self.L, min(r[0]["tokens"].shape[1] for r in rows))
-        return {"tokens": mx.array(np.stack([r[0]["tokens"][r[1], :L] for r in rows]).astype(np.int32)),
-                "taps": mx.concatenate([taps_from_store(np.asarray(r[0]["taps"][r[1], :L]))[None] for r in rows]),
-                "topk_ids": mx.array(np.stack([r[0]["topk_ids"][r[1], :L] for r in rows]).astype(np.int32)),
-                "topk_probs": mx.array(np.stack([r[0]["topk_probs"][r[1], :L] for r in rows]).astype(np.float32)),
-                "end": mx.array([min(r[2], L) for r in rows]), "lo": mx.array([0] * len(rows)),
-                "positions": float(sum(min(r[2], L) - 1 for r in rows))}
+        return _batch(*(np.stack([np.asarray(r[0][k][r[1], :L]) for r in rows])
+                        for k in ("tokens", "taps", "topk_ids", "topk_probs")), [r[2] for r in rows], L)
+
+
+class StoreInOrder:
+    """One store's windows read in order (modulo its size), the way `OnlineCorpus` gives its
+    own: `take`, `limit` and `topk_sample`."""
+
+    def __init__(self, store: dict):
+        self.store, self.limit = store, len(store["tokens"])
+
+    def take(self, cursor: int, n: int) -> dict:
+        idx = [(cursor + r) % self.limit for r in range(n)]
+        return {k: np.asarray(self.store[k][idx]) for k in ("tokens", "taps", "topk_ids", "topk_probs", "end")
+                if k in self.store}
+
+    def topk_sample(self) -> np.ndarray:
+        return np.asarray(self.store["topk_ids"][: min(self.limit, VOCAB_WINDOWS)])
+
+
+class InOrder:
+    """Windows cursor, cursor + 1, ... of one source (`OnlineCorpus.take`: --online runs the
+    target over them as they come; `StoreInOrder.take`: a store read in order), as `Windows` gives
+    them. The cursor is checkpointed, so a resumed run reads the next unseen windows."""
+
+    def __init__(self, take, seq_len: int, seed: int, cursor: int = 0):
+        self.take, self.L, self.cursor = take, seq_len, int(cursor)
+        self.rng = np.random.default_rng(seed)
+
+    def reload(self, stores, seed: int) -> None:  # an in-order source does not grow under the run
+        pass
+
+    def __call__(self, n: int) -> dict:
+        a = self.take(self.cursor, n)
+        self.cursor += n
+        L = min(self.L, a["tokens"].shape[1])
+        return _batch(a["tokens"], a["taps"], a["topk_ids"], a["topk_probs"], a.get("end"), L)
 
 
 def _save_atomic(path: Path, arrays: dict) -> None:
@@ -283,10 +335,15 @@ def _save_atomic(path: Path, arrays: dict) -> None:
     os.replace(tmp, path)
 
 
-def train_eagle3(target, stores: list[dict], out: str | Path, tc: Eagle3TrainConfig, heldout: str | None = None,
-                 log=print, reload=None) -> dict:
+def train_eagle3(target, stores, out: str | Path, tc: Eagle3TrainConfig, heldout: str | None = None,
+                 log=print, reload=None, stop_after: int | None = None) -> dict:
     """Train (or resume) an EAGLE-3 drafter for `minutes` of this process's CPU time (data
     loading included; one BLAS thread makes it the wall time of an idle core); returns the report.
+
+    stores: a list of stores (windows drawn at random), or an in-order source
+    (`train.online.OnlineCorpus` for --online, whose target passes count in the minutes; or
+    `StoreInOrder(store)`), read from the checkpointed cursor. stop_after: stop after that many
+    steps in all (tests; the budget still sets the learning-rate schedule).
 
     out/: checkpoint.safetensors + optimizer.safetensors + state.json (resumable at any save),
     history.json (loss, per-step accuracy and held-out points against CPU-minutes), hf/ (the
@@ -299,6 +356,11 @@ def train_eagle3(target, stores: list[dict], out: str | Path, tc: Eagle3TrainCon
     state_p = out / "state.json"
     state = json.loads(state_p.read_text()) if state_p.exists() else None
     V = target.info.vocab_size
+    in_order = not isinstance(stores, list)
+    source = stores if in_order else None
+    if state and in_order and hasattr(source, "settings") and state.get("source") != source.settings():
+        raise MlxspecError(f"{out}: holds a run trained on other online data; pass a new --out or the same "
+                           "--tokens, --corpus, --seq-len and --seed")
     if state:
         d_ids = np.array(state["d_ids"], np.int64)
         if state["config"]["taps"] != list(tc.taps):
@@ -310,8 +372,9 @@ def train_eagle3(target, stores: list[dict], out: str | Path, tc: Eagle3TrainCon
         if start_cfg.reduced_vocab:
             d_ids = d_ids + np.asarray(start.d2t, np.int64)
     else:
-        d_ids = draft_vocabulary(np.concatenate([np.asarray(s["topk_ids"][: min(len(s["topk_ids"]), 512)])
-                                                 .reshape(-1, s["topk_ids"].shape[-1]) for s in stores]), V,
+        samples = [source.topk_sample()] if in_order else \
+            [np.asarray(s["topk_ids"][: min(len(s["topk_ids"]), 512)]) for s in stores]
+        d_ids = draft_vocabulary(np.concatenate([a.reshape(-1, a.shape[-1]) for a in samples]), V,
                                  min(tc.draft_vocab or V, V))
     cfg = make_config(target, tc, len(d_ids))
     mx.random.seed(tc.seed)
@@ -340,8 +403,10 @@ def train_eagle3(target, stores: list[dict], out: str | Path, tc: Eagle3TrainCon
         history, step, seconds = state["history"], state["step"], state["seconds"]
         log(f"mlxspec train: resumed {out} at step {step} ({seconds / 60:.1f} min)")
     log(f"mlxspec train: eagle3 taps={list(tc.taps)} draft_vocab={len(d_ids)} ttt_steps={tc.ttt_steps} "
-        f"loss={tc.loss} windows={sum(len(s['tokens']) for s in stores)}")
-    windows = Windows(stores, tc.seq_len, tc.seed + step)
+        f"loss={tc.loss} windows={_n_windows(stores)}{' read in order' if in_order else ''}")
+    windows = InOrder(source.take, tc.seq_len, tc.seed + step, (state or {}).get("cursor", 0)) if in_order else Windows(stores, tc.seq_len, tc.seed + step)
+    if state and state.get("rng"):  # the draws continue where the checkpoint stopped: a resumed run is the same run
+        windows.rng.bit_generator.state = state["rng"]
     mx.eval(model.parameters())
     grad_fn = nn.value_and_grad(model, lambda m, b: loss_fn(m, frozen, b, tc))
     budget = tc.minutes * 60
@@ -356,7 +421,8 @@ def train_eagle3(target, stores: list[dict], out: str | Path, tc: Eagle3TrainCon
         _save_atomic(out / "optimizer.safetensors", dict(tree_flatten(opt.state)))
         tmp = state_p.with_suffix(".tmp")
         tmp.write_text(json.dumps({"config": asdict(tc), "d_ids": d_ids.tolist(), "history": history, "step": step,
-                                   "seconds": seconds}))
+                                   "seconds": seconds, "cursor": windows.cursor, "rng": windows.rng.bit_generator.state,
+                                   "source": source.settings() if hasattr(source, "settings") else None}))
         os.replace(tmp, state_p)
         (out / "history.json").write_text(json.dumps({"config": asdict(tc), "history": history}, indent=1))
 
@@ -377,7 +443,7 @@ def train_eagle3(target, stores: list[dict], out: str | Path, tc: Eagle3TrainCon
     last_eval, last_save = seconds, seconds
     bar = tqdm(total=int(budget), initial=int(min(seconds, budget)), unit="s", desc="eagle3 train", disable=None)
     run_loss, run_acc, pos_done = None, None, 0.0
-    while seconds < budget:
+    while seconds < budget and (stop_after is None or step < stop_after):
         t0, c0 = time.perf_counter(), time.process_time()
         b = windows(tc.seqs_per_step)
         if tc.ttt_fraction < 1:

@@ -92,6 +92,13 @@ class OnlineCorpus:
         out["category"] = self.category[idx]
         return out
 
+    def topk_sample(self) -> np.ndarray:
+        """The target's top-k ids [m, L, k] on the plan's first m = min(limit, VOCAB_WINDOWS)
+        windows (chunks kept for the steps that read them next): what EAGLE-3 training chooses
+        its draft vocabulary from (`train.eagle3.StoreInOrder.topk_sample` for a store)."""
+        m = min(self.limit, VOCAB_WINDOWS)
+        return np.concatenate([self._chunk(k)["topk_ids"] for k in range(-(-m // self.batch))])[:m]
+
     def vocabulary_sample(self) -> dict[str, np.ndarray]:
         """What `start.draft_vocabulary` counts: the target's top-1 on the first
         VOCAB_WINDOWS windows of the plan (within `limit`), the tokens of every window.
