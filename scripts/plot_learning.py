@@ -3,7 +3,7 @@
     scripts/plot_learning.py eagle3=runs/e3-a/history.json --json docs/bench/learning-eagle3.json \
         --png docs/bench/learning.png [--data-minutes eagle3=46]
 
-Each RUN=PATH is an `mlxspec train --lineage eagle3` history.json (or state.json); the held-out
+Each RUN=PATH is an `mlxspec train` history.json, state.json or report.json (any lineage); the held-out
 points it recorded (`--heldout-every`) are drawn per category. --data-minutes adds the minutes its
 data took (the x axis is then data + training). --ref LABEL=CODE,PROSE,CHAT draws a horizontal
 reference tau (e.g. the shipped DSpark drafter's held-out tau). Errors: one line, exit 2.
@@ -20,8 +20,16 @@ CATS = ("code", "prose", "chat")
 
 
 def points(path: Path) -> list[dict]:
+    """The held-out points of an EAGLE-3 history (CPU minutes) or of a block trainer's
+    report.json / checkpoint state.json (its CPU seconds where recorded; else wall seconds)."""
     h = json.loads(path.read_text())
-    return [p for p in h.get("history", []) if "heldout" in p]
+    out = []
+    for p in h.get("history", []):
+        if "heldout" in p:
+            if "minutes" not in p:
+                p = {**p, "minutes": p.get("cpu_s", p.get("elapsed_s", 0.0)) / 60}
+            out.append(p)
+    return out
 
 
 def main(argv=None) -> int:

@@ -467,6 +467,8 @@ def test_heldout_every_records_the_budget_curve(smollm2, shards, tmp_path):
     assert pts[0]["supervised_blocks"] == 0 and pts[1]["supervised_blocks"] > 0
     assert pts[2]["supervised_blocks"] > pts[1]["supervised_blocks"]
     assert 0 < pts[2]["distinct_tokens"] <= 2 * 64
+    # training CPU seconds (the evaluations not counted): the x axis of scripts/plot_learning.py
+    assert 0 <= pts[0]["cpu_s"] < pts[1]["cpu_s"] < pts[2]["cpu_s"]
     for p in pts:
         assert set(p["heldout"]) == {"code", "prose", "chat"} and all(v["tau"] >= 1.0 for v in p["heldout"].values())
         assert all(v["tau_se"] >= 0.0 for v in p["heldout"].values())
@@ -557,14 +559,15 @@ def test_paired_difference_removes_what_the_prompts_share():
 
 
 def test_heldout_store_per_prompt_count_and_length():
-    """The held-out store's path: the original name for the default 8 x 64 (every earlier
-    history was measured on it), its own for a wider set, so the two never mix."""
+    """The held-out store's path: one per prompt count and length, so the two never mix, and
+    "-f32" on every name (its taps float32: a store cached before, with bfloat16 taps, is
+    not read as if it replayed the engine exactly)."""
     from types import SimpleNamespace
 
     from mlxspec.train.heldout import default_heldout_dir
 
     t = SimpleNamespace(info=SimpleNamespace(source="/m/SmolLM2-135M-Instruct.Q4_1.gguf"))
     d = default_heldout_dir(t, [1, 8, 15, 22, 28])
-    assert d.name == "SmolLM2-135M-Instruct.Q4_1-t1_8_15_22_28" and d.parent.name == "heldout"
+    assert d.name == "SmolLM2-135M-Instruct.Q4_1-t1_8_15_22_28-f32" and d.parent.name == "heldout"
     assert default_heldout_dir(t, [1, 8, 15, 22, 28], 8, 64) == d
-    assert default_heldout_dir(t, [1, 8, 15, 22, 28], 16, 128).name == "SmolLM2-135M-Instruct.Q4_1-t1_8_15_22_28-n16-m128"
+    assert default_heldout_dir(t, [1, 8, 15, 22, 28], 16, 128).name == "SmolLM2-135M-Instruct.Q4_1-t1_8_15_22_28-n16-m128-f32"

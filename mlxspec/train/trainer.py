@@ -103,12 +103,21 @@ def train(
     blocks = 0.0
     bar = tqdm(range(start, end), initial=start, total=tc.steps, desc=f"train {tc.lineage}{' online' if online else ''}",
                unit="step")
-    t0, ema = time.time(), None
+    t0, c0, ema = time.time(), time.process_time(), None
+    # training CPU seconds (held-out evaluations excluded, as the EAGLE-3 trainer counts its minutes)
+    prior_cpu = float(next((h["cpu_s"] for h in reversed(history) if "cpu_s" in h), 0.0))
+    eval_cpu = [0.0]
+
+    def cpu_s() -> float:
+        return prior_cpu + time.process_time() - c0 - eval_cpu[0]
 
     def heldout_point(step_done: int, el: float) -> None:
+        spent, e0 = cpu_s(), time.process_time()
         ho = heldout_tau(model, frozen, tc.heldout)
+        eval_cpu[0] += time.process_time() - e0
         history.append({"step": step_done, "supervised_blocks": prior_blocks + blocks,
                         "distinct_tokens": prior_distinct + batcher.distinct_tokens, "elapsed_s": el,
+                        "cpu_s": spent,
                         "heldout": {c: {"tau": r["tau"], "tau_se": r["tau_se"], "per_prompt": r["per_prompt"],
                                         "row1": r["per_position_acceptance"][0],
                                         "acceptance": r["acceptance_rate"]} for c, r in ho.items()}})
@@ -138,7 +147,8 @@ def train(
                         passes=f"{passes:.2f}", **{k: f"{v:.0f}" for k, v in extra.items()})
         if step % tc.history_every == 0 or step == tc.steps - 1 or step == end - 1:
             history.append({"step": step, "loss": lv, **{k: float(v) for k, v in metrics.items()},
-                            "lr": float(lr_at(tc, step)), "elapsed_s": el, "blocks_per_s": rate,
+                            "lr": float(lr_at(tc, step)), "elapsed_s": el, "cpu_s": cpu_s(),
+                            "blocks_per_s": rate,
                             "supervised_blocks": prior_blocks + blocks, "window_passes": passes,
                             "windows": batcher.cursor, **extra})
         measured = bool(tc.heldout and tc.heldout_every and ((step + 1) % tc.heldout_every == 0 or step == tc.steps - 1))
