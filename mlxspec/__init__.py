@@ -10,9 +10,9 @@ def _fast_blas() -> None:
     import sys
 
     if sys.platform.startswith("linux"):
-        from mlxspec.device import preload_openblas
+        from mlxspec.cpu_gemm import preload  # OpenBLAS (and, with MLXSPEC_SMALL_GEMM=1, our small GEMM first)
 
-        preload_openblas()
+        preload()
 
 
 _fast_blas()

@@ -9,6 +9,8 @@ that change mlxspec's device decisions:
 - MLXSPEC_BLAS_THREADS=auto|N (and OPENBLAS_NUM_THREADS): how many threads OpenBLAS's GEMMs
   use on the CPU; `auto` (the default, unless OPENBLAS_NUM_THREADS is set) lets
   `mlxspec.blas.ThreadGovernor` follow the load from other processes (`blas_threads_setting`);
+- MLXSPEC_SMALL_GEMM=1: our small-M GEMM in front of OpenBLAS (`mlxspec.cpu_gemm`, x86-64 with
+  AVX-512; opt-in);
 - MLXSPEC_OPENBLAS=PATH|off and MLXSPEC_NO_BLAS_REEXEC=1: which OpenBLAS `import mlxspec` loads
   on Linux CPU (`off`: none, MLX keeps its wheel's reference BLAS), and the CLI not
   re-executing to preload it (read before MLX is imported, so through `openblas_path` /
@@ -32,6 +34,7 @@ NATIVE_LOWBIT_ENV = "MLXSPEC_NATIVE_LOWBIT"
 OPENBLAS_ENV = "MLXSPEC_OPENBLAS"
 NO_REEXEC_ENV = "MLXSPEC_NO_BLAS_REEXEC"
 BLAS_THREADS_ENV = "MLXSPEC_BLAS_THREADS"
+SMALL_GEMM_ENV = "MLXSPEC_SMALL_GEMM"
 _OFF = ("0", "false", "no", "off")
 
 
@@ -151,6 +154,11 @@ def preload_openblas() -> bool:
     except OSError:
         return False
     return True
+
+
+def small_gemm_enabled() -> bool:
+    """MLXSPEC_SMALL_GEMM=1: `mlxspec.cpu_gemm` in front of OpenBLAS (does not import MLX)."""
+    return os.environ.get(SMALL_GEMM_ENV, "").strip().lower() in ("1", "on", "true", "yes")
 
 
 def _warn_late(lib: str) -> None:

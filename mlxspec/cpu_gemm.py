@@ -1,0 +1,134 @@
+"""The small-M GEMM in front of OpenBLAS on x86-64 Linux (`mlxspec/cpu/small_gemm.c`), opt-in.
+
+MLXSPEC_SMALL_GEMM=1 puts a `cblas_sgemm` of our own in front of OpenBLAS's: the products of a
+decode step or a verify (1-16 rows of activations times a weight matrix, MLX's `x @ W.T`) are
+computed by reading each weight row once and multiplying it with every activation row, without
+the packing OpenBLAS's GEMM does for every call; every other product goes to OpenBLAS. Each
+output sums its terms in the same order whatever the row count, so a verify row equals the
+decode step of the same token bit for bit. Measured (scripts/bench_small_gemm.py): SmolLM2's 30
+layers of products, one thread, 1.2-1.5x faster than OpenBLAS for 1-8 rows; slower above ~12.
+
+It is compiled here (`cc -O3 -march=native`, about a second) into the mlxspec cache, keyed by
+the source, the compiler and the CPU's flags, and loaded with RTLD_GLOBAL before OpenBLAS
+(`preload`, which `import mlxspec` runs in place of `mlxspec.device.preload_openblas` when it is
+on), so libmlx, loaded after both, binds its calls to it. It
+computes only while OpenBLAS runs one thread (more threads: OpenBLAS's own threaded GEMM).
+Without AVX-512 or a C compiler it is not used (`status` says why). Never imports MLX.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+from mlxspec.device import SMALL_GEMM_ENV as ENV  # noqa: E402
+SOURCE = Path(__file__).with_name("cpu") / "small_gemm.c"
+MAX_ROWS = 16
+_STATE: dict = {}  # "lib": the loaded CDLL, "why": why it is not in use
+
+
+def enabled() -> bool:
+    """MLXSPEC_SMALL_GEMM=1 (or on/true/yes)."""
+    from mlxspec.device import small_gemm_enabled
+
+    return small_gemm_enabled()
+
+
+def _cpu_flags() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
+def build(out_dir: Path | None = None, cc: str | None = None) -> Path | None:
+    """The compiled library (built once per source, compiler and CPU), or None (no compiler, or
+    it failed: `_STATE["why"]`)."""
+    from mlxspec.cache import cache_dir
+
+    cc = cc or os.environ.get("CC") or "cc"
+    try:
+        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        _STATE["why"] = f"no C compiler ({cc})"
+        return None
+    key = hashlib.sha1(SOURCE.read_bytes() + version.encode() + _cpu_flags().encode()
+                       + platform.machine().encode()).hexdigest()[:16]
+    out_dir = Path(out_dir) if out_dir else cache_dir() / "native"
+    lib = out_dir / f"small_gemm-{key}.so"
+    if lib.exists():
+        return lib
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = lib.with_name(f"{lib.stem}.{os.getpid()}.tmp.so")
+    r = subprocess.run([cc, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE), "-ldl"],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        _STATE["why"] = f"{cc} failed: {(r.stderr or r.stdout).strip().splitlines()[-1:] or ['?']}"
+        tmp.unlink(missing_ok=True)
+        return None
+    os.replace(tmp, lib)
+    return lib
+
+
+def load_global() -> ctypes.CDLL | None:
+    """Build and load it into the global symbol scope (call before OpenBLAS and MLX load)."""
+    if platform.machine() not in ("x86_64", "AMD64"):
+        _STATE["why"] = f"x86-64 only (this is {platform.machine()})"
+        return None
+    path = build()
+    if path is None:
+        return None
+    lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    if not lib.mlxspec_small_gemm_available():
+        _STATE["why"] = "this CPU has no AVX-512"
+        return None
+    _STATE["lib"] = lib
+    return lib
+
+
+def preload() -> bool:
+    """`import mlxspec` on Linux: with MLXSPEC_SMALL_GEMM=1 and MLX not loaded yet, this library
+    then OpenBLAS into the global scope, this one forwarding to OpenBLAS; otherwise
+    `device.preload_openblas` alone. -> whether OpenBLAS is loaded."""
+    import sys
+
+    from mlxspec import device
+
+    if not enabled() or "mlx.core" in sys.modules or device.openblas_loaded() or device.find_openblas() is None:
+        if enabled() and "lib" not in _STATE:
+            _STATE["why"] = "OpenBLAS or MLX was loaded before it: import mlxspec first, without LD_PRELOAD"
+        return device.preload_openblas()
+    small = load_global()
+    if not device.preload_openblas():
+        return False
+    if small is not None:
+        attach(small, ctypes.CDLL(device.find_openblas()))  # the handle of the copy just loaded
+    return True
+
+
+def attach(lib: ctypes.CDLL, openblas: ctypes.CDLL) -> None:
+    """Forward what it does not compute to `openblas`, and follow its thread count."""
+    sgemm = ctypes.cast(openblas.cblas_sgemm, ctypes.c_void_p)
+    threads = ctypes.cast(openblas.openblas_get_num_threads, ctypes.c_void_p) \
+        if hasattr(openblas, "openblas_get_num_threads") else None
+    lib.mlxspec_small_gemm_init(sgemm, threads, ctypes.c_int(MAX_ROWS))
+
+
+def calls() -> int | None:
+    """Products computed by it in this process so far (None: not in use)."""
+    lib = _STATE.get("lib")
+    return int(ctypes.c_long.in_dll(lib, "mlxspec_small_gemm_calls").value) if lib is not None else None
+
+
+def status() -> str:
+    """One line: whether it is in use, and why not."""
+    if not enabled():
+        return f"small-M GEMM: off (set {ENV}=1)"
+    if "lib" in _STATE:
+        return f"small-M GEMM: on ({calls()} products so far)"
+    return f"small-M GEMM: not in use: {_STATE.get('why', 'OpenBLAS was loaded before it (import mlxspec first)')}"

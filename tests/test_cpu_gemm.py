@@ -1,0 +1,155 @@
+"""The small-M GEMM in front of OpenBLAS (`mlxspec.cpu_gemm`, mlxspec/cpu/small_gemm.c): exact
+against float64 for the decode / verify shapes, each output row independent of the row count
+(bit for bit), everything else forwarded to OpenBLAS unchanged, out of the way while OpenBLAS runs
+more than one thread, and a process with MLXSPEC_SMALL_GEMM=1 decodes speculatively with the
+same tokens as autoregressively through it."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mlxspec import cpu_gemm
+from mlxspec.device import find_openblas
+
+F = ctypes.POINTER(ctypes.c_float)
+ROWMAJOR, COLMAJOR, NOTRANS, TRANS = 101, 102, 111, 112
+
+
+@pytest.fixture(scope="module")
+def libs(tmp_path_factory):
+    """(our library, OpenBLAS), both loaded locally (this process's MLX keeps its own binding)."""
+    ob_path = find_openblas()
+    assert ob_path, "OpenBLAS is not installed: run scripts/setup.sh"
+    path = cpu_gemm.build(tmp_path_factory.mktemp("native"))
+    assert path is not None, cpu_gemm.status()
+    ours, ob = ctypes.CDLL(str(path)), ctypes.CDLL(ob_path)
+    ob.openblas_set_num_threads(1)
+    for lib in (ours, ob):
+        lib.cblas_sgemm.argtypes = [ctypes.c_int] * 6 + [ctypes.c_float, F, ctypes.c_int, F, ctypes.c_int,
+                                                         ctypes.c_float, F, ctypes.c_int]
+    ours.mlxspec_small_gemm_init(ctypes.cast(ob.cblas_sgemm, ctypes.c_void_p), None, 16)
+    return ours, ob
+
+
+def _p(a):
+    return a.ctypes.data_as(F)
+
+
+def _calls(ours) -> int:
+    return ctypes.c_long.in_dll(ours, "mlxspec_small_gemm_calls").value
+
+
+def _gemm(lib, A, W, *, alpha=1.0, beta=0.0, C=None, order=ROWMAJOR, tb=TRANS, pad=0):
+    """C = alpha * A @ W.T + beta * C through `lib`, with rows padded by `pad` (strides > widths)."""
+    M, K = A.shape
+    N = W.shape[0]
+    Ap = np.zeros((M, K + pad), np.float32)
+    Ap[:, :K] = A
+    Wp = np.zeros((N, K + pad), np.float32)
+    Wp[:, :K] = W
+    Cp = np.zeros((M, N + pad), np.float32)
+    if C is not None:
+        Cp[:, :N] = C
+    lib.cblas_sgemm(order, NOTRANS, tb, M, N, K, alpha, _p(Ap), K + pad, _p(Wp), K + pad, beta, _p(Cp), N + pad)
+    return Cp[:, :N]
+
+
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 16])
+@pytest.mark.parametrize("N,K", [(1536, 576), (37, 5), (50, 17), (7, 1000)])
+def test_small_products_equal_float64(libs, M, N, K):
+    ours, _ = libs
+    if not ours.mlxspec_small_gemm_available():
+        pytest.fail("this CPU has no AVX-512: the library only forwards (test_forwarded_products covers it)")
+    rng = np.random.default_rng(M * 1000 + N + K)
+    A = rng.standard_normal((M, K), dtype=np.float32)
+    W = rng.standard_normal((N, K), dtype=np.float32)
+    C0 = rng.standard_normal((M, N), dtype=np.float32)
+    ref = A.astype(np.float64) @ W.astype(np.float64).T
+    before = _calls(ours)
+    got = _gemm(ours, A, W, pad=3)
+    tol = 1e-6 * np.sqrt(K) * np.abs(A).max() * np.abs(W).max()
+    assert np.abs(got - ref).max() <= tol
+    got2 = _gemm(ours, A, W, alpha=0.5, beta=-2.0, C=C0)
+    assert np.abs(got2 - (0.5 * ref - 2.0 * C0)).max() <= tol
+    assert _calls(ours) == before + 2
+    # every output row is the product of that row alone, bit for bit (a verify row = a decode step)
+    for m in (0, M - 1):
+        assert np.array_equal(_gemm(ours, A[m : m + 1], W)[0], got[m])
+
+
+def test_forwarded_products_are_openblas_own(libs):
+    """More than 16 rows, column-major, W not transposed: OpenBLAS's result exactly, not counted."""
+    ours, ob = libs
+    rng = np.random.default_rng(0)
+    A = rng.standard_normal((17, 64), dtype=np.float32)
+    W = rng.standard_normal((40, 64), dtype=np.float32)
+    before = _calls(ours)
+    assert np.array_equal(_gemm(ours, A, W), _gemm(ob, A, W))
+    sq = rng.standard_normal((16, 16), dtype=np.float32)  # square: valid in either storage order
+    sqW = rng.standard_normal((16, 16), dtype=np.float32)
+    for kw in ({"order": COLMAJOR}, {"tb": NOTRANS}):
+        assert np.array_equal(_gemm(ours, sq, sqW, **kw), _gemm(ob, sq, sqW, **kw))
+    assert _calls(ours) == before
+
+
+def test_it_steps_aside_while_openblas_runs_more_than_one_thread(libs):
+    ours, ob = libs
+    threads = [2]
+    fn = ctypes.CFUNCTYPE(ctypes.c_int)(lambda: threads[0])
+    ours.mlxspec_small_gemm_init(ctypes.cast(ob.cblas_sgemm, ctypes.c_void_p), ctypes.cast(fn, ctypes.c_void_p), 16)
+    try:
+        A = np.ones((3, 32), np.float32)
+        W = np.ones((5, 32), np.float32)
+        before = _calls(ours)
+        assert np.array_equal(_gemm(ours, A, W), np.full((3, 5), 32.0, np.float32))
+        assert _calls(ours) == before  # OpenBLAS computed it
+        threads[0] = 1
+        assert np.array_equal(_gemm(ours, A, W), np.full((3, 5), 32.0, np.float32))
+        assert _calls(ours) == before + int(ours.mlxspec_small_gemm_available())
+    finally:
+        ours.mlxspec_small_gemm_init(ctypes.cast(ob.cblas_sgemm, ctypes.c_void_p), None, 16)
+
+
+CHILD = r"""
+import sys
+sys.path.insert(0, sys.argv[2])
+import mlxspec, mlxspec.blas
+from mlxspec import cpu_gemm
+import conftest
+from mlxspec.engine.ngram import NgramDrafter
+from mlxspec.targets.load import load_target
+from test_engine import run
+mlxspec.blas.set_blas_threads(1)
+conftest.write_tiny_model(sys.argv[1])
+target, tok = load_target(sys.argv[1])
+ids = tok.encode("the cat the cat the cat the", add_special_tokens=False)
+ar = run(target, ids, max_tokens=32)
+spec = run(target, ids, NgramDrafter(target.info.vocab_size, 4), max_tokens=32)
+print(cpu_gemm.status())
+print("equal" if ar == spec else f"differ {ar} {spec}")
+"""
+
+
+def test_a_process_with_it_on_decodes_speculatively_as_autoregressively(tmp_path):
+    env = {**os.environ, "MLXSPEC_SMALL_GEMM": "1", "MLXSPEC_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    env.pop("LD_PRELOAD", None)
+    r = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "tiny.gguf"), str(Path(__file__).parent)],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    status, verdict = r.stdout.strip().splitlines()[-2:]
+    assert verdict == "equal"
+    assert status.startswith("small-M GEMM: on (") and int(status.split("(")[1].split()[0]) > 0, status
+    assert list((tmp_path / "cache" / "native").glob("small_gemm-*.so"))
+
+
+def test_off_by_default_and_says_how_to_turn_it_on(monkeypatch):
+    monkeypatch.delenv("MLXSPEC_SMALL_GEMM", raising=False)
+    assert not cpu_gemm.enabled()
+    assert cpu_gemm.status() == "small-M GEMM: off (set MLXSPEC_SMALL_GEMM=1)"
