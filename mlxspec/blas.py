@@ -287,4 +287,6 @@ def reexec_with_openblas(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    print(find_openblas() or "")
+    from mlxspec.cpu_gemm import preload_paths
+
+    print(" ".join(preload_paths()))

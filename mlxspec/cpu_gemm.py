@@ -52,21 +52,19 @@ def build(out_dir: Path | None = None, cc: str | None = None) -> Path | None:
     from mlxspec.cache import cache_dir
 
     cc = cc or os.environ.get("CC") or "cc"
-    try:
-        version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    except (OSError, subprocess.SubprocessError):
-        _STATE["why"] = f"no C compiler ({cc})"
-        return None
-    key = hashlib.sha1(SOURCE.read_bytes() + version.encode() + _cpu_flags().encode()
-                       + platform.machine().encode()).hexdigest()[:16]
+    key = hashlib.sha1(SOURCE.read_bytes() + _cpu_flags().encode() + platform.machine().encode()).hexdigest()[:16]
     out_dir = Path(out_dir) if out_dir else cache_dir() / "native"
     lib = out_dir / f"small_gemm-{key}.so"
     if lib.exists():
         return lib
-    out_dir.mkdir(parents=True, exist_ok=True)
     tmp = lib.with_name(f"{lib.stem}.{os.getpid()}.tmp.so")
-    r = subprocess.run([cc, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE), "-ldl"],
-                       capture_output=True, text=True, timeout=300)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        r = subprocess.run([cc, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE), "-ldl"],
+                           capture_output=True, text=True, timeout=300)
+    except (OSError, subprocess.SubprocessError) as e:
+        _STATE["why"] = f"cannot build it ({cc}: {e})"
+        return None
     if r.returncode != 0:
         _STATE["why"] = f"{cc} failed: {(r.stderr or r.stdout).strip().splitlines()[-1:] or ['?']}"
         tmp.unlink(missing_ok=True)
@@ -99,16 +97,52 @@ def preload() -> bool:
 
     from mlxspec import device
 
-    if not enabled() or "mlx.core" in sys.modules or device.openblas_loaded() or device.find_openblas() is None:
-        if enabled() and "lib" not in _STATE:
-            _STATE["why"] = "OpenBLAS or MLX was loaded before it: import mlxspec first, without LD_PRELOAD"
+    preloaded = _preloaded_path()
+    if preloaded:  # LD_PRELOAD=$(python -m mlxspec.blas) put it in front already
+        _STATE["lib"] = ctypes.CDLL(preloaded)
         return device.preload_openblas()
-    small = load_global()
+    if not enabled() or "mlx.core" in sys.modules or device.openblas_loaded() or device.find_openblas() is None:
+        if enabled():
+            _STATE["why"] = ("OpenBLAS or MLX was loaded before it: import mlxspec first, or "
+                             "LD_PRELOAD=$(python -m mlxspec.blas)")
+        return device.preload_openblas()
+    try:
+        small = load_global()
+    except OSError as e:  # never a reason for `import mlxspec` to fail: OpenBLAS alone
+        small, _STATE["why"] = None, f"cannot load it: {e}"
     if not device.preload_openblas():
         return False
     if small is not None:
         attach(small, ctypes.CDLL(device.find_openblas()))  # the handle of the copy just loaded
     return True
+
+
+def preload_paths() -> list[str]:
+    """What `python -m mlxspec.blas` prints for LD_PRELOAD: this library (built now) before
+    OpenBLAS when it is on, else OpenBLAS alone."""
+    from mlxspec import device
+
+    ob = device.find_openblas()
+    if not ob:
+        return []
+    if enabled() and platform.machine() in ("x86_64", "AMD64"):
+        path = build()
+        if path is not None:
+            return [str(path), ob]
+    return [ob]
+
+
+def _preloaded_path() -> str | None:
+    try:
+        with open("/proc/self/maps") as f:
+            return next((ln.split()[-1] for ln in f if "/small_gemm-" in ln), None)
+    except OSError:
+        return None
+
+
+def profile_key() -> str:
+    """Part of the verify-cost profile's key: the profile measured without it is not this one."""
+    return "small-gemm" if "lib" in _STATE else ""
 
 
 def attach(lib: ctypes.CDLL, openblas: ctypes.CDLL) -> None:
@@ -127,8 +161,8 @@ def calls() -> int | None:
 
 def status() -> str:
     """One line: whether it is in use, and why not."""
-    if not enabled():
-        return f"small-M GEMM: off (set {ENV}=1)"
     if "lib" in _STATE:
         return f"small-M GEMM: on ({calls()} products so far)"
+    if not enabled():
+        return f"small-M GEMM: off (set {ENV}=1)"
     return f"small-M GEMM: not in use: {_STATE.get('why', 'OpenBLAS was loaded before it (import mlxspec first)')}"

@@ -153,3 +153,22 @@ def test_off_by_default_and_says_how_to_turn_it_on(monkeypatch):
     monkeypatch.delenv("MLXSPEC_SMALL_GEMM", raising=False)
     assert not cpu_gemm.enabled()
     assert cpu_gemm.status() == "small-M GEMM: off (set MLXSPEC_SMALL_GEMM=1)"
+
+
+def test_ld_preload_puts_it_in_front_of_openblas(tmp_path):
+    """`python -m mlxspec.blas` prints OpenBLAS alone, or with MLXSPEC_SMALL_GEMM=1 our library
+    first; a process started with that LD_PRELOAD computes its small products with it."""
+    env = {**os.environ, "MLXSPEC_CACHE": str(tmp_path / "cache")}
+    env.pop("LD_PRELOAD", None)
+    env.pop("MLXSPEC_SMALL_GEMM", None)
+    plain = subprocess.run([sys.executable, "-m", "mlxspec.blas"], env=env, capture_output=True, text=True).stdout.split()
+    assert plain == [find_openblas()]
+    both = subprocess.run([sys.executable, "-m", "mlxspec.blas"], env={**env, "MLXSPEC_SMALL_GEMM": "1"},
+                          capture_output=True, text=True).stdout.split()
+    assert len(both) == 2 and "/small_gemm-" in both[0] and both[1] == find_openblas()
+    code = ("import mlxspec, mlxspec.blas\nfrom mlxspec import cpu_gemm\nimport mlx.core as mx\n"
+            "mlxspec.blas.set_blas_threads(1)\nmx.eval(mx.ones((3, 32)) @ mx.ones((64, 32)).T)\nprint(cpu_gemm.status())")
+    r = subprocess.run([sys.executable, "-c", code], env={**env, "LD_PRELOAD": " ".join(both)}, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.strip().splitlines()[-1] == "small-M GEMM: on (1 products so far)"

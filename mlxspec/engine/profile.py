@@ -23,7 +23,9 @@ def _key(target: Target, max_len: int) -> str:
     st = os.stat(src) if os.path.exists(src) else None
     # the BLAS library is part of the machine: a profile measured under netlib's reference BLAS
     # (a run without the OpenBLAS preload) is ~5x too slow and the wrong shape for OpenBLAS
-    blas = _loaded_openblas_path() or "no-openblas"
+    from mlxspec.cpu_gemm import profile_key
+
+    blas = (_loaded_openblas_path() or "no-openblas") + profile_key()
     ident = (f"v4|{src}|{st.st_size if st else 0}|{st.st_mtime if st else 0}|{mx.default_device()}|{platform.node()}"
              f"|{blas}|{max_len}")
     return hashlib.sha1(ident.encode()).hexdigest()[:16]
