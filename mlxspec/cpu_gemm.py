@@ -5,8 +5,8 @@ decode step or a verify (1-16 rows of activations times a weight matrix, MLX's `
 computed by reading each weight row once and multiplying it with every activation row, without
 the packing OpenBLAS's GEMM does for every call; every other product goes to OpenBLAS. Each
 output sums its terms in the same order whatever the row count, so a verify row equals the
-decode step of the same token bit for bit. Measured (scripts/bench_small_gemm.py): SmolLM2's 30
-layers of products, one thread, 1.2-1.5x faster than OpenBLAS for 1-8 rows; slower above ~12.
+decode step of the same token bit for bit. Measured (scripts/bench_small_gemm.py, docs/cli.md):
+SmolLM2's forward over 1-9 tokens 1.4-1.8x faster than on OpenBLAS, one thread.
 
 It is compiled here (`cc -O3 -march=native`, about a second) into the mlxspec cache, keyed by
 the source, the compiler and the CPU's flags, and loaded with RTLD_GLOBAL before OpenBLAS
