@@ -156,7 +156,10 @@ def attach(lib: ctypes.CDLL, openblas: ctypes.CDLL) -> None:
 def calls() -> int | None:
     """Products computed by it in this process so far (None: not in use)."""
     lib = _STATE.get("lib")
-    return int(ctypes.c_long.in_dll(lib, "mlxspec_small_gemm_calls").value) if lib is not None else None
+    if lib is None:
+        return None
+    lib.mlxspec_small_gemm_calls.restype = ctypes.c_long
+    return int(lib.mlxspec_small_gemm_calls())
 
 
 def status() -> str:

@@ -23,7 +23,11 @@ typedef int (*threads_fn)(void);
 static sgemm_fn next_sgemm;
 static threads_fn blas_threads;
 static int max_rows = 16;
-long mlxspec_small_gemm_calls;  /* calls computed here (tests, scripts/bench_small_gemm.py) */
+/* products computed here; static, so a second copy loaded beside a preloaded one counts its own
+   (an exported variable would be interposed by the first copy in the global scope) */
+static long calls;
+
+long mlxspec_small_gemm_calls(void) { return __atomic_load_n(&calls, __ATOMIC_RELAXED); }
 
 /* fallback: the cblas_sgemm to forward to (NULL: the next one in the symbol search order);
    threads: openblas_get_num_threads or NULL; rows: the largest M computed here (0: none). */
@@ -124,7 +128,7 @@ void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, co
     if (order == RowMajor && ta == NoTrans && tb == Trans && M >= 1 && M <= max_rows && N >= 1 && K >= 1 &&
         lda >= K && ldb >= K && ldc >= N && (blas_threads == NULL || blas_threads() <= 1) &&
         small(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) {
-        __atomic_add_fetch(&mlxspec_small_gemm_calls, 1, __ATOMIC_RELAXED);
+        __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
         return;
     }
 #endif
