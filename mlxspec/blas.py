@@ -262,7 +262,9 @@ def blas_status() -> tuple[bool, str]:
     except Exception:
         pass
     if openblas_loaded():
-        return True, "OpenBLAS preloaded"
+        from mlxspec import cpu_gemm
+
+        return True, "OpenBLAS preloaded" + ("; small-M GEMM in front" if "lib" in cpu_gemm._STATE else "")
     lib = find_openblas()
     if lib:
         return False, (f"MLX is using reference BLAS (~60x slower matmul); run with "

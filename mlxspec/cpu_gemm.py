@@ -1,6 +1,6 @@
-"""The small-M GEMM in front of OpenBLAS on x86-64 Linux (`mlxspec/cpu/small_gemm.c`), opt-in.
+"""The small-M GEMM in front of OpenBLAS on x86-64 Linux (`mlxspec/cpu/small_gemm.c`).
 
-MLXSPEC_SMALL_GEMM=1 puts a `cblas_sgemm` of our own in front of OpenBLAS's: the products of a
+Unless MLXSPEC_SMALL_GEMM=0, `import mlxspec` puts a `cblas_sgemm` of our own in front of OpenBLAS's: the products of a
 decode step or a verify (1-16 rows of activations times a weight matrix, MLX's `x @ W.T`) are
 computed by reading each weight row once and multiplying it with every activation row, without
 the packing OpenBLAS's GEMM does for every call; every other product goes to OpenBLAS. Each
@@ -32,7 +32,7 @@ _STATE: dict = {}  # "lib": the loaded CDLL, "why": why it is not in use
 
 
 def enabled() -> bool:
-    """MLXSPEC_SMALL_GEMM=1 (or on/true/yes)."""
+    """Not turned off (MLXSPEC_SMALL_GEMM=0)."""
     from mlxspec.device import small_gemm_enabled
 
     return small_gemm_enabled()
@@ -167,5 +167,5 @@ def status() -> str:
     if "lib" in _STATE:
         return f"small-M GEMM: on ({calls()} products so far)"
     if not enabled():
-        return f"small-M GEMM: off (set {ENV}=1)"
+        return f"small-M GEMM: off ({ENV}=0)"
     return f"small-M GEMM: not in use: {_STATE.get('why', 'OpenBLAS was loaded before it (import mlxspec first)')}"

@@ -9,8 +9,8 @@ that change mlxspec's device decisions:
 - MLXSPEC_BLAS_THREADS=auto|N (and OPENBLAS_NUM_THREADS): how many threads OpenBLAS's GEMMs
   use on the CPU; `auto` (the default, unless OPENBLAS_NUM_THREADS is set) lets
   `mlxspec.blas.ThreadGovernor` follow the load from other processes (`blas_threads_setting`);
-- MLXSPEC_SMALL_GEMM=1: our small-M GEMM in front of OpenBLAS (`mlxspec.cpu_gemm`, x86-64 with
-  AVX-512; opt-in);
+- MLXSPEC_SMALL_GEMM=0: no small-M GEMM of ours in front of OpenBLAS (`mlxspec.cpu_gemm`, used by
+  default on x86-64 with AVX-512 and a C compiler);
 - MLXSPEC_OPENBLAS=PATH|off and MLXSPEC_NO_BLAS_REEXEC=1: which OpenBLAS `import mlxspec` loads
   on Linux CPU (`off`: none, MLX keeps its wheel's reference BLAS), and the CLI not
   re-executing to preload it (read before MLX is imported, so through `openblas_path` /
@@ -157,8 +157,9 @@ def preload_openblas() -> bool:
 
 
 def small_gemm_enabled() -> bool:
-    """MLXSPEC_SMALL_GEMM=1: `mlxspec.cpu_gemm` in front of OpenBLAS (does not import MLX)."""
-    return os.environ.get(SMALL_GEMM_ENV, "").strip().lower() in ("1", "on", "true", "yes")
+    """`mlxspec.cpu_gemm` in front of OpenBLAS unless MLXSPEC_SMALL_GEMM=0 (does not import MLX;
+    it is used where it can be: x86-64 with AVX-512 and a C compiler)."""
+    return os.environ.get(SMALL_GEMM_ENV, "").strip().lower() not in _OFF
 
 
 def _warn_late(lib: str) -> None:

@@ -158,23 +158,25 @@ def test_a_process_with_it_on_decodes_speculatively_as_autoregressively(tmp_path
     assert list((tmp_path / "cache" / "native").glob("small_gemm-*.so"))
 
 
-def test_off_by_default_and_says_how_to_turn_it_on(monkeypatch):
+def test_on_by_default_and_zero_turns_it_off(monkeypatch):
     monkeypatch.delenv("MLXSPEC_SMALL_GEMM", raising=False)
+    assert cpu_gemm.enabled()
+    monkeypatch.setenv("MLXSPEC_SMALL_GEMM", "0")
     assert not cpu_gemm.enabled()
-    if "lib" not in cpu_gemm._STATE:  # this process's own state (LD_PRELOAD may have put it in front)
-        assert cpu_gemm.status() == "small-M GEMM: off (set MLXSPEC_SMALL_GEMM=1)"
+    if "lib" not in cpu_gemm._STATE:  # this process's own state (the suite preloads it through LD_PRELOAD)
+        assert cpu_gemm.status() == "small-M GEMM: off (MLXSPEC_SMALL_GEMM=0)"
 
 
 def test_ld_preload_puts_it_in_front_of_openblas(tmp_path):
-    """`python -m mlxspec.blas` prints OpenBLAS alone, or with MLXSPEC_SMALL_GEMM=1 our library
-    first; a process started with that LD_PRELOAD computes its small products with it."""
+    """`python -m mlxspec.blas` prints our library first, then OpenBLAS (with MLXSPEC_SMALL_GEMM=0
+    OpenBLAS alone); a process started with that LD_PRELOAD computes its small products with it."""
     env = {**os.environ, "MLXSPEC_CACHE": str(tmp_path / "cache")}
     env.pop("LD_PRELOAD", None)
     env.pop("MLXSPEC_SMALL_GEMM", None)
-    plain = subprocess.run([sys.executable, "-m", "mlxspec.blas"], env=env, capture_output=True, text=True).stdout.split()
+    plain = subprocess.run([sys.executable, "-m", "mlxspec.blas"], env={**env, "MLXSPEC_SMALL_GEMM": "0"},
+                           capture_output=True, text=True).stdout.split()
     assert plain == [find_openblas()]
-    both = subprocess.run([sys.executable, "-m", "mlxspec.blas"], env={**env, "MLXSPEC_SMALL_GEMM": "1"},
-                          capture_output=True, text=True).stdout.split()
+    both = subprocess.run([sys.executable, "-m", "mlxspec.blas"], env=env, capture_output=True, text=True).stdout.split()
     assert len(both) == 2 and "/small_gemm-" in both[0] and both[1] == find_openblas()
     code = ("import mlxspec, mlxspec.blas\nfrom mlxspec import cpu_gemm\nimport mlx.core as mx\n"
             "mlxspec.blas.set_blas_threads(1)\nmx.eval(mx.ones((3, 32)) @ mx.ones((64, 32)).T)\nprint(cpu_gemm.status())")
