@@ -264,7 +264,7 @@ def blas_status() -> tuple[bool, str]:
     if openblas_loaded():
         from mlxspec import cpu_gemm
 
-        return True, "OpenBLAS preloaded" + ("; small-M GEMM in front" if "lib" in cpu_gemm._STATE else "")
+        return True, "OpenBLAS preloaded" + ("; small-M GEMM in front" if cpu_gemm.active() else "")
     lib = find_openblas()
     if lib:
         return False, (f"MLX is using reference BLAS (~60x slower matmul); run with "

@@ -9,7 +9,7 @@ decode step of the same token bit for bit. Measured (scripts/bench_small_gemm.py
 SmolLM2's forward over 1-9 tokens 1.4-1.8x faster than on OpenBLAS, one thread.
 
 It is compiled here (`cc -O3 -march=native`, about a second) into the mlxspec cache, keyed by
-the source, the compiler and the CPU's flags, and loaded with RTLD_GLOBAL before OpenBLAS
+the source and the CPU's flags, and loaded with RTLD_GLOBAL before OpenBLAS
 (`preload`, which `import mlxspec` runs in place of `mlxspec.device.preload_openblas` when it is
 on), so libmlx, loaded after both, binds its calls to it. It
 computes only while OpenBLAS runs one thread (more threads: OpenBLAS's own threaded GEMM).
@@ -25,17 +25,21 @@ import platform
 import subprocess
 from pathlib import Path
 
-from mlxspec.device import SMALL_GEMM_ENV as ENV  # noqa: E402
+from mlxspec.device import SMALL_GEMM_ENV as ENV
+from mlxspec.device import small_gemm_enabled as enabled  # not turned off (MLXSPEC_SMALL_GEMM=0)
+
 SOURCE = Path(__file__).with_name("cpu") / "small_gemm.c"
 MAX_ROWS = 16
 _STATE: dict = {}  # "lib": the loaded CDLL, "why": why it is not in use
 
 
-def enabled() -> bool:
-    """Not turned off (MLXSPEC_SMALL_GEMM=0)."""
-    from mlxspec.device import small_gemm_enabled
+def active() -> bool:
+    """Whether it computes this process's small products (loaded in front of OpenBLAS)."""
+    return "lib" in _STATE
 
-    return small_gemm_enabled()
+
+def _x86() -> bool:
+    return platform.machine() in ("x86_64", "AMD64")
 
 
 def _cpu_flags() -> str:
@@ -47,7 +51,7 @@ def _cpu_flags() -> str:
 
 
 def build(out_dir: Path | None = None, cc: str | None = None) -> Path | None:
-    """The compiled library (built once per source, compiler and CPU), or None (no compiler, or
+    """The compiled library (built once per source and CPU), or None (no compiler, or
     it failed: `_STATE["why"]`)."""
     from mlxspec.cache import cache_dir
 
@@ -75,7 +79,7 @@ def build(out_dir: Path | None = None, cc: str | None = None) -> Path | None:
 
 def load_global() -> ctypes.CDLL | None:
     """Build and load it into the global symbol scope (call before OpenBLAS and MLX load)."""
-    if platform.machine() not in ("x86_64", "AMD64"):
+    if not _x86():
         _STATE["why"] = f"x86-64 only (this is {platform.machine()})"
         return None
     path = build()
@@ -90,7 +94,7 @@ def load_global() -> ctypes.CDLL | None:
 
 
 def preload() -> bool:
-    """`import mlxspec` on Linux: with MLXSPEC_SMALL_GEMM=1 and MLX not loaded yet, this library
+    """`import mlxspec` on Linux: unless MLXSPEC_SMALL_GEMM=0, and while MLX is not loaded yet, this library
     then OpenBLAS into the global scope, this one forwarding to OpenBLAS; otherwise
     `device.preload_openblas` alone. -> whether OpenBLAS is loaded."""
     import sys
@@ -125,7 +129,7 @@ def preload_paths() -> list[str]:
     ob = device.find_openblas()
     if not ob:
         return []
-    if enabled() and platform.machine() in ("x86_64", "AMD64"):
+    if enabled() and _x86():
         path = build()
         if path is not None:
             return [str(path), ob]
@@ -142,7 +146,7 @@ def _preloaded_path() -> str | None:
 
 def profile_key() -> str:
     """Part of the verify-cost profile's key: the profile measured without it is not this one."""
-    return "small-gemm" if "lib" in _STATE else ""
+    return "small-gemm" if active() else ""
 
 
 def attach(lib: ctypes.CDLL, openblas: ctypes.CDLL) -> None:
@@ -164,7 +168,7 @@ def calls() -> int | None:
 
 def status() -> str:
     """One line: whether it is in use, and why not."""
-    if "lib" in _STATE:
+    if active():
         return f"small-M GEMM: on ({calls()} products so far)"
     if not enabled():
         return f"small-M GEMM: off ({ENV}=0)"

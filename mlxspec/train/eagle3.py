@@ -35,6 +35,7 @@ from tqdm import tqdm
 from mlxspec.drafters.eagle3 import Eagle3Config, Eagle3Model
 from mlxspec.errors import MlxspecError
 from mlxspec.targets.model import norm_scale, target_head_rows
+from mlxspec.train.online import VOCAB_WINDOWS  # an in-order source's first windows choose the draft vocabulary
 
 
 @dataclass
@@ -246,13 +247,11 @@ def init_from_target(model: Eagle3Model, target, taps: list) -> None:
 
 # ----------------------------------------------------------------------------- the loop
 
-from mlxspec.train.online import VOCAB_WINDOWS  # noqa: E402  (an in-order source's first windows choose the draft vocabulary)
-
-
 def _n_windows(stores) -> int:
     if isinstance(stores, list):
         return sum(len(s["tokens"]) for s in stores)
     return int(getattr(stores, "limit", 0))
+
 
 def _batch(tokens, taps, topk_ids, topk_probs, ends, L: int) -> dict:
     """A training batch from window arrays [n, >= L, ...] (taps as stored; ends: each window's
@@ -404,7 +403,10 @@ def train_eagle3(target, stores, out: str | Path, tc: Eagle3TrainConfig, heldout
         log(f"mlxspec train: resumed {out} at step {step} ({seconds / 60:.1f} min)")
     log(f"mlxspec train: eagle3 taps={list(tc.taps)} draft_vocab={len(d_ids)} ttt_steps={tc.ttt_steps} "
         f"loss={tc.loss} windows={_n_windows(stores)}{' read in order' if in_order else ''}")
-    windows = InOrder(source.take, tc.seq_len, tc.seed + step, (state or {}).get("cursor", 0)) if in_order else Windows(stores, tc.seq_len, tc.seed + step)
+    if in_order:
+        windows = InOrder(source.take, tc.seq_len, tc.seed + step, (state or {}).get("cursor", 0))
+    else:
+        windows = Windows(stores, tc.seq_len, tc.seed + step)
     if state and state.get("rng"):  # the draws continue where the checkpoint stopped: a resumed run is the same run
         windows.rng.bit_generator.state = state["rng"]
     mx.eval(model.parameters())

@@ -103,6 +103,4 @@ class OnlineCorpus:
         """What `start.draft_vocabulary` counts: the target's top-1 on the first
         VOCAB_WINDOWS windows of the plan (within `limit`), the tokens of every window.
         Equals a store of the same windows when it holds no more than VOCAB_WINDOWS."""
-        m = min(self.limit, VOCAB_WINDOWS)
-        top1 = np.concatenate([self._chunk(k)["topk_ids"][..., 0] for k in range(-(-m // self.batch))])[:m]
-        return {"tokens": self.tokens[: self.limit], "topk_ids": top1}
+        return {"tokens": self.tokens[: self.limit], "topk_ids": self.topk_sample()[..., 0]}
