@@ -253,3 +253,38 @@ def test_online_eagle3_equals_a_store_of_the_same_windows_read_in_order_and_resu
                          sources=ONLINE_SRC)
     with pytest.raises(MlxspecError, match="holds a run trained on other online data"):
         train_eagle3(target, other, tmp_path / "run", _online_tc(), log=quiet, stop_after=6)
+
+
+def test_chat_weight_draws_chat_windows_that_much_more_often_and_weight_one_draws_as_before():
+    from mlxspec.train.eagle3 import Windows
+
+    def store(n, chat):
+        return {"tokens": np.zeros((n, 8), np.int32),
+                "source": np.array(["chat-t0" if i < chat else "cont-t0" for i in range(n)])}
+
+    stores = [store(40, 20), store(60, 10)]  # 30 chat windows of 100
+    w = Windows(stores, 8, seed=3, chat_weight=3.0)
+    draws = [w._draw() for _ in range(6000)]
+    chat = np.mean([str(s["source"][i]).startswith("chat") for s, i in draws])
+    assert abs(chat - 90 / 160) < 0.02  # 30 * 3 / (30 * 3 + 70)
+    # every window can be drawn, from the store it belongs to
+    assert {(id(s), i) for s, i in draws} == {(id(s), i) for s in stores for i in range(len(s["tokens"]))}
+    b = Windows(stores, 8, seed=3, chat_weight=1.0)  # the draws of runs before --chat-weight existed
+    old = np.random.default_rng(3)
+    p = np.array([40, 60]) / 100
+    for _ in range(50):
+        s = stores[old.choice(2, p=p)]
+        expected = (id(s), int(old.integers(len(s["tokens"]))))
+        got = b._draw()
+        assert (id(got[0]), got[1]) == expected
+
+
+def test_chat_weight_without_chat_windows_or_for_a_block_lineage_is_one_line(tmp_path, capsys):
+    from mlxspec.cli import main
+
+    assert main(["train", "--lineage", "dspark", "--chat-weight", "2", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--chat-weight applies to --lineage eagle3" in err
+    assert main(["train", "--lineage", "eagle3", "--online", "--chat-weight", "2", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--online reads corpus windows in order" in err

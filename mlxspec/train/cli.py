@@ -34,6 +34,9 @@ def add_train_args(p):
                    help="eagle3: chain steps unrolled in training (training-time test), loss weight 0.8^k")
     p.add_argument("--ttt-fraction", type=float, default=0.25,
                    help="eagle3: share of positions the unrolled steps run at each step (step 0 runs at all of them)")
+    p.add_argument("--chat-weight", type=float, default=1.0,
+                   help="eagle3: draw the windows of regenerated chat answers (a --data-mode regen store's "
+                        "chat-* windows) this many times as often as the others")
     p.add_argument("--minutes", type=float, default=60.0,
                    help="eagle3: training budget in minutes of training time (resumable; the cosine decay spans it)")
     p.add_argument("--out", "-o", required=True, help="output directory (checkpoints, exports, report)")
@@ -190,6 +193,9 @@ def check_train_args(a) -> None:
         raise MlxspecError("--lineage dflash2 --layout anchor-first: DFlash 2 files are bonus-anchor (z-lab's layout, "
                            "the only one its readers know); drop --layout")
     check_int_arg("--seqs-per-step", a.seqs_per_step, 1)
+    if a.chat_weight != 1.0 and a.lineage != "eagle3":
+        raise MlxspecError(f"--chat-weight applies to --lineage eagle3 (the block trainers draw anchors, not "
+                           f"windows); drop it for --lineage {a.lineage}")
     check_int_arg("--anchors-per-seq", a.anchors_per_seq, 0)
     check_int_arg("--warmup", a.warmup, 0)
     check_int_arg("--seed", a.seed, 0)
@@ -329,11 +335,17 @@ def cmd_train(a) -> int:
 
 def _train_eagle3(a, target, tok, taps, mix, data) -> int:
     from mlxspec.train.data import load_shards
+    import numpy as np
+
     from mlxspec.train.eagle3 import Eagle3TrainConfig, train_eagle3
 
     check_int_arg("--ttt-steps", a.ttt_steps, 1, MAX_BLOCK)
     check_float_arg("--minutes", a.minutes, 0.0, 1e6, lo_open=True)
     check_float_arg("--ttt-fraction", a.ttt_fraction, 0.0, 1.0, lo_open=True)
+    check_float_arg("--chat-weight", a.chat_weight, 0.0, 1e3, lo_open=True)
+    if a.chat_weight != 1.0 and a.online:
+        raise MlxspecError("--chat-weight: --online reads corpus windows in order, none of them chat answers; "
+                           "train from a --data-mode regen store, or drop --chat-weight")
     if a.init_from and not Path(a.init_from).exists():
         raise MlxspecError(f"--init-from {a.init_from}: no drafter export there; pass an EAGLE-3 export directory "
                            "(e.g. mlxspec/weights/smollm2-135m-eagle3)")
@@ -348,10 +360,15 @@ def _train_eagle3(a, target, tok, taps, mix, data) -> int:
                                f"{','.join(map(str, meta.get('taps', [])))} or a store for these taps")
         stores.append(load_shards(d, a.max_windows, first))
 
+    if a.chat_weight != 1.0 and not any("source" in s and np.char.startswith(np.asarray(s["source"]).astype(str),
+                                                                              "chat").any() for s in stores):
+        raise MlxspecError(f"--chat-weight {a.chat_weight:g}: no --data store holds chat answers (only "
+                           "--data-mode regen stores do); prepare one, or drop --chat-weight")
+
     def reload():  # stores still being prepared by another process grow between checkpoints
         return [load_shards(d, a.max_windows, first) for d, first in dirs]
     tc = Eagle3TrainConfig(taps=list(taps), draft_vocab=a.draft_vocab, ttt_steps=a.ttt_steps, lr=a.lr,
-                           ttt_fraction=a.ttt_fraction,
+                           ttt_fraction=a.ttt_fraction, chat_weight=a.chat_weight,
                            warmup=a.warmup, minutes=a.minutes, seqs_per_step=a.seqs_per_step, seq_len=a.seq_len,
                            seed=a.seed, loss=a.loss or "kl", init="target" if a.warm_start else "random",
                            init_from=a.init_from,

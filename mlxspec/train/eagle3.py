@@ -57,6 +57,7 @@ class Eagle3TrainConfig:
     seed: int = 0
     heldout_minutes: float = 5.0
     save_minutes: float = 3.0
+    chat_weight: float = 1.0  # windows of regenerated chat answers (source "chat-*") are drawn this much more often
 
 
 def _load_start(target, tc: Eagle3TrainConfig):
@@ -271,8 +272,8 @@ class Windows:
 
     cursor = None  # windows are drawn, not read in order: nothing to resume from
 
-    def __init__(self, stores: list[dict], seq_len: int, seed: int):
-        self.L = seq_len
+    def __init__(self, stores: list[dict], seq_len: int, seed: int, chat_weight: float = 1.0):
+        self.L, self.chat_weight = seq_len, float(chat_weight)
         self.reload(stores, seed)
 
     def reload(self, stores: list[dict], seed: int) -> None:
@@ -280,12 +281,26 @@ class Windows:
         self.rng = np.random.default_rng(seed)
         sizes = np.array([len(s["tokens"]) for s in stores], np.float64)
         self.p = sizes / sizes.sum()
+        self.w = None  # per-window draw weights, only where chat windows weigh more (or less) than the rest
+        if self.chat_weight != 1.0:
+            w = np.concatenate([np.where(np.char.startswith(np.asarray(s["source"]).astype(str), "chat"),
+                                         self.chat_weight, 1.0) if "source" in s else np.ones(len(s["tokens"]))
+                                for s in stores])
+            self.w = w / w.sum()
+            self.first = np.cumsum([0] + [len(s["tokens"]) for s in stores])
+
+    def _draw(self) -> tuple[dict, int]:
+        if self.w is None:
+            s = self.stores[self.rng.choice(len(self.stores), p=self.p)]
+            return s, int(self.rng.integers(len(s["tokens"])))
+        g = int(self.rng.choice(len(self.w), p=self.w))
+        i = int(np.searchsorted(self.first, g, side="right")) - 1
+        return self.stores[i], g - int(self.first[i])
 
     def __call__(self, n: int) -> dict:
         rows = []
         for _ in range(n):
-            s = self.stores[self.rng.choice(len(self.stores), p=self.p)]
-            w = int(self.rng.integers(len(s["tokens"])))
+            s, w = self._draw()
             end = int(s["end"][w]) if "end" in s else s["tokens"].shape[1]
             rows.append((s, w, end))
         L = min(self.L, min(r[0]["tokens"].shape[1] for r in rows))
@@ -406,7 +421,7 @@ def train_eagle3(target, stores, out: str | Path, tc: Eagle3TrainConfig, heldout
     if in_order:
         windows = InOrder(source.take, tc.seq_len, tc.seed + step, (state or {}).get("cursor", 0))
     else:
-        windows = Windows(stores, tc.seq_len, tc.seed + step)
+        windows = Windows(stores, tc.seq_len, tc.seed + step, tc.chat_weight)
     if state and state.get("rng"):  # the draws continue where the checkpoint stopped: a resumed run is the same run
         windows.rng.bit_generator.state = state["rng"]
     mx.eval(model.parameters())
