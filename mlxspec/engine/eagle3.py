@@ -21,7 +21,7 @@ import numpy as np
 
 from mlxspec.drafters.eagle3 import Eagle3Config, Eagle3Model, KVCache, causal_mask
 from mlxspec.engine.drafting import DraftOutput, scatter_draft
-from mlxspec.engine.tree import SIBLING_DECAY, DraftTree, top_candidates
+from mlxspec.engine.tree import SIBLING_DECAY, DraftTree, top_candidates, top_weights
 from mlxspec.engine.verify import SamplingParams, probs_from_logits, sample_token
 from mlxspec.targets.load import default_dense
 from mlxspec.targets.model import Target, target_head_rows
@@ -152,9 +152,11 @@ class Eagle3Drafter:
         forwards = 0
         for d in range(depth):
             z = self.logits(mx.stack([h for _, h in frontier])[None])[0]  # [m, Vd]
-            q = mx.softmax(z, axis=-1) if sp.greedy else probs_from_logits(z, sp)
-            qn = np.asarray(q.astype(mx.float32))
-            cand = top_candidates(qn, width, None if sp.greedy else rng)
+            if sp.greedy:  # the best `width` of each row, found on the device
+                cand, qc = top_weights(z, width)
+            else:
+                q = probs_from_logits(z, sp)
+                cand = top_candidates(np.asarray(q.astype(mx.float32)), width, rng)
             tgt = np.asarray(self.to_target(mx.array(cand.astype(np.int32))))
             pd = float(p[min(d, len(p) - 1)])
             qt = None if sp.greedy else np.asarray(scatter_draft(q, self.d2t, V))
@@ -162,7 +164,7 @@ class Eagle3Drafter:
             for j, (node, _) in enumerate(frontier):
                 ps = tree.nodes[node].score
                 for r in range(cand.shape[1]):
-                    rel = qn[j, cand[j, r]] / max(qn[j, cand[j, 0]], 1e-12) if sp.greedy else SIBLING_DECAY ** r
+                    rel = qc[j, r] / max(qc[j, 0], 1e-12) if sp.greedy else SIBLING_DECAY ** r
                     k = tree.add(node, int(tgt[j, r]), ps * pd * rel, "drafter",
                                  None if sp.greedy else qt[j], () if sp.greedy else tuple(int(t) for t in tgt[j, :r]))
                     children.append((k, j))

@@ -23,7 +23,7 @@ from mlxspec.engine.drafting import proposals
 from mlxspec.engine.ngram import propose_many
 from mlxspec.engine.policy import Kind, Source
 from mlxspec.engine.tree import (DraftTree, TreeCalibration, accept_greedy, accept_sampled, add_lookup, add_rows,
-                                 choose_budget, top_candidates)
+                                 choose_budget, top_candidates, top_weights)
 from mlxspec.engine.verify import target_rows
 from mlxspec.errors import MlxspecError
 from mlxspec.targets.tree import keep_rows
@@ -115,16 +115,14 @@ def _add_block(tree, inner, d, p, budget, width, sampling, rng) -> None:
     if sampling.greedy:
         rows = np.ones((n, width))
         if d.logits is not None:
-            q = np.asarray(mx.softmax(d.logits[:n].astype(mx.float32), axis=-1))
-            top = top_candidates(q, width + 1)
+            top, qs = top_weights(d.logits[:n], width + 1)
             to_t = getattr(inner, "to_target", None)
             tids = np.asarray(to_t(mx.array(top.astype(np.int32)))) if to_t else top
         for j, t in enumerate(d.tokens):
             row = [t]
             if d.logits is not None:
-                qs = np.take_along_axis(q[j], top[j], axis=-1)
                 row += [int(x) for x in tids[j] if x != t][: width - 1]
-                rows[j, : len(row)] = [qs[0]] + [qs[list(tids[j]).index(x)] for x in row[1:]]
+                rows[j, : len(row)] = [qs[j, 0]] + [qs[j, list(tids[j]).index(x)] for x in row[1:]]
             ids[j, : len(row)] = row
         add_rows(tree, rows, ids, p, budget, width)
     else:

@@ -145,6 +145,25 @@ def tree_support(target) -> str | None:
     return None
 
 
+_SITES: dict = {}  # (ids of the layers) -> (the layers, their RoPE sites): walked once per model, not per verify
+
+
+def rope_sites(layers) -> list[tuple[nn.Module, str, nn.Module, tuple]]:
+    """(owner, attribute, RoPE module, its signature) for every RoPE in `layers`, found once per
+    set of layers (walking the module tree and reading the rotations cost ~7 ms per verify)."""
+    key = tuple(id(x) for x in layers)
+    hit = _SITES.get(key)
+    if hit is None or any(a is not b for a, b in zip(hit[0], layers)):
+        sites = [(o, a, r, _signature(r)) for layer in layers for o, a, r in _ropes(layer)]
+        if len(_SITES) > 16:
+            _SITES.clear()
+        hit = _SITES[key] = (list(layers), sites)  # the layers kept alive: their ids stay theirs
+    if any(getattr(o, a) is not r for o, a, r, _ in hit[1]):  # a RoPE replaced since: walk again
+        _SITES.pop(key)
+        return rope_sites(layers)
+    return hit[1]
+
+
 class TreeForward:
     """The per-call state of a tree forward: the masks by layer and the swapped RoPE modules."""
 
@@ -156,11 +175,12 @@ class TreeForward:
 
     def swap_ropes(self, layers) -> None:
         made: dict = {}  # one TreeRope (one set of rotations per call) for every identical RoPE
-        for layer in layers:
-            for owner, attr, rope in _ropes(layer):
-                tr = made.setdefault(_signature(rope), TreeRope(rope, self.depth))
-                self._swapped.append((owner, attr, rope))
-                setattr(owner, attr, tr)
+        for owner, attr, rope, sig in rope_sites(layers):
+            tr = made.get(sig)
+            if tr is None:
+                tr = made[sig] = TreeRope(rope, self.depth)
+            self._swapped.append((owner, attr, rope))
+            setattr(owner, attr, tr)
 
     def restore(self) -> None:
         for owner, attr, rope in reversed(self._swapped):
@@ -194,6 +214,14 @@ def keep_rows(cache, n: int, rows) -> None:
             for c in cache:
                 c.trim(n - k)
         return
+    j0 = 0  # rows 0 .. j0-1 of the path are already where they belong
+    while j0 < k and rows[j0] == j0:
+        j0 += 1
+    moved = rows[j0:]
+    # consecutive moved rows (a branch taken whole) are one slice, else a gather (the slice is the
+    # cheaper op on the CPU; both end in the cache's own slice update)
+    run = moved == list(range(moved[0], moved[0] + len(moved)))
+    gathers: dict = {}  # offset -> the moved rows' indices (one array for all layers at that offset)
     idx = mx.array(rows)
     step = cache.log[-1] if isinstance(cache, TargetCache) and cache.log else None
     if step is not None and step.n != n:
@@ -207,8 +235,16 @@ def keep_rows(cache, n: int, rows) -> None:
             c.update_and_fetch(kk, vv)
         else:
             o = c.offset - n
-            c.keys[..., o : o + k, :] = c.keys[..., o + idx, :]
-            c.values[..., o : o + k, :] = c.values[..., o + idx, :]
+            if run:
+                a, b = o + moved[0], o + moved[0] + len(moved)
+                kk, vv = c.keys[..., a:b, :], c.values[..., a:b, :]
+            else:
+                g = gathers.get(o)
+                if g is None:
+                    g = gathers[o] = mx.array([o + r for r in moved])
+                kk, vv = mx.take(c.keys, g, axis=2), mx.take(c.values, g, axis=2)
+            c.keys[..., o + j0 : o + k, :] = kk
+            c.values[..., o + j0 : o + k, :] = vv
             c.offset = o + k
     if isinstance(cache, TargetCache):
         cache.length -= n - k
