@@ -98,7 +98,7 @@ def main() -> None:
         lo, hi = int(mean_rows), min(int(mean_rows) + 1, max(t))
         return st.tau * t[1] / (t[lo] + (t[hi] - t[lo]) * (mean_rows - lo))
 
-    rows, t = [], costs()
+    rows, t = [], {}
     for e in errors:
         err = np.random.default_rng(0).random(len(full) + 64) < e
         for mode in ("chain", "tree"):

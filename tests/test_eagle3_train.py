@@ -281,10 +281,24 @@ def test_chat_weight_draws_chat_windows_that_much_more_often_and_weight_one_draw
 
 def test_chat_weight_without_chat_windows_or_for_a_block_lineage_is_one_line(tmp_path, capsys):
     from mlxspec.cli import main
+    from mlxspec.errors import MlxspecError
+    from mlxspec.train.eagle3 import Windows, check_chat_weight
 
-    assert main(["train", "--lineage", "dspark", "--chat-weight", "2", "--out", str(tmp_path / "o")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "--chat-weight applies to --lineage eagle3" in err
-    assert main(["train", "--lineage", "eagle3", "--online", "--chat-weight", "2", "--out", str(tmp_path / "o")]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "--online reads corpus windows in order" in err
+    def one_line(args, text):
+        assert main(["train", *args, "--out", str(tmp_path / "o")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and text in err, err
+
+    one_line(["--lineage", "dspark", "--chat-weight", "2"], "--chat-weight applies to --lineage eagle3")
+    one_line(["--lineage", "eagle3", "--online", "--chat-weight", "2"], "--online reads corpus windows in order")
+    for bad in ("0", "-1", "nan", "inf", "1e9"):
+        one_line(["--lineage", "eagle3", "--chat-weight", bad], "is out of range: pass a finite number in (0.0, 1000.0]")
+    assert not (tmp_path / "o").exists()  # refused before anything was written
+    corpus = [{"tokens": np.zeros((5, 8), np.int32)}]  # a corpus store: no chat answers
+    regen = [{"tokens": np.zeros((2, 8), np.int32), "source": np.array(["cont-t0", "chat-t0.7"])}]
+    with pytest.raises(MlxspecError, match="no --data store holds chat answers"):
+        check_chat_weight(corpus, 2.0)
+    with pytest.raises(MlxspecError, match="no --data store holds chat answers"):
+        Windows(corpus, 8, seed=0, chat_weight=2.0)  # the API path refuses it too
+    check_chat_weight(corpus, 1.0)
+    check_chat_weight(regen, 2.0)

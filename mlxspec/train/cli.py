@@ -193,9 +193,13 @@ def check_train_args(a) -> None:
         raise MlxspecError("--lineage dflash2 --layout anchor-first: DFlash 2 files are bonus-anchor (z-lab's layout, "
                            "the only one its readers know); drop --layout")
     check_int_arg("--seqs-per-step", a.seqs_per_step, 1)
+    check_float_arg("--chat-weight", a.chat_weight, 0.0, 1e3, lo_open=True)
     if a.chat_weight != 1.0 and a.lineage != "eagle3":
         raise MlxspecError(f"--chat-weight applies to --lineage eagle3 (the block trainers draw anchors, not "
                            f"windows); drop it for --lineage {a.lineage}")
+    if a.chat_weight != 1.0 and a.online:
+        raise MlxspecError("--chat-weight: --online reads corpus windows in order, none of them chat answers; "
+                           "train from a --data-mode regen store, or drop --chat-weight")
     check_int_arg("--anchors-per-seq", a.anchors_per_seq, 0)
     check_int_arg("--warmup", a.warmup, 0)
     check_int_arg("--seed", a.seed, 0)
@@ -335,17 +339,11 @@ def cmd_train(a) -> int:
 
 def _train_eagle3(a, target, tok, taps, mix, data) -> int:
     from mlxspec.train.data import load_shards
-    import numpy as np
-
-    from mlxspec.train.eagle3 import Eagle3TrainConfig, train_eagle3
+    from mlxspec.train.eagle3 import Eagle3TrainConfig, check_chat_weight, train_eagle3
 
     check_int_arg("--ttt-steps", a.ttt_steps, 1, MAX_BLOCK)
     check_float_arg("--minutes", a.minutes, 0.0, 1e6, lo_open=True)
     check_float_arg("--ttt-fraction", a.ttt_fraction, 0.0, 1.0, lo_open=True)
-    check_float_arg("--chat-weight", a.chat_weight, 0.0, 1e3, lo_open=True)
-    if a.chat_weight != 1.0 and a.online:
-        raise MlxspecError("--chat-weight: --online reads corpus windows in order, none of them chat answers; "
-                           "train from a --data-mode regen store, or drop --chat-weight")
     if a.init_from and not Path(a.init_from).exists():
         raise MlxspecError(f"--init-from {a.init_from}: no drafter export there; pass an EAGLE-3 export directory "
                            "(e.g. mlxspec/weights/smollm2-135m-eagle3)")
@@ -360,10 +358,8 @@ def _train_eagle3(a, target, tok, taps, mix, data) -> int:
                                f"{','.join(map(str, meta.get('taps', [])))} or a store for these taps")
         stores.append(load_shards(d, a.max_windows, first))
 
-    if a.chat_weight != 1.0 and not any("source" in s and np.char.startswith(np.asarray(s["source"]).astype(str),
-                                                                              "chat").any() for s in stores):
-        raise MlxspecError(f"--chat-weight {a.chat_weight:g}: no --data store holds chat answers (only "
-                           "--data-mode regen stores do); prepare one, or drop --chat-weight")
+    if not a.online:
+        check_chat_weight(stores, a.chat_weight)  # before the held-out store and the run are set up
 
     def reload():  # stores still being prepared by another process grow between checkpoints
         return [load_shards(d, a.max_windows, first) for d, first in dirs]

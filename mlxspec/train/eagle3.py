@@ -36,6 +36,7 @@ from mlxspec.drafters.eagle3 import Eagle3Config, Eagle3Model
 from mlxspec.errors import MlxspecError
 from mlxspec.targets.model import norm_scale, target_head_rows
 from mlxspec.train.online import VOCAB_WINDOWS  # an in-order source's first windows choose the draft vocabulary
+from mlxspec.validate import check_float_arg
 
 
 @dataclass
@@ -267,6 +268,22 @@ def _batch(tokens, taps, topk_ids, topk_probs, ends, L: int) -> dict:
             "end": mx.array(ends), "lo": mx.array([0] * len(ends)), "positions": float(sum(e - 1 for e in ends))}
 
 
+def chat_windows(store: dict) -> np.ndarray:
+    """Which windows of a store hold regenerated chat answers (source "chat-*"; a store without
+    sources holds none)."""
+    if "source" not in store:
+        return np.zeros(len(store["tokens"]), bool)
+    return np.char.startswith(np.asarray(store["source"]).astype(str), "chat")
+
+
+def check_chat_weight(stores: list[dict], weight: float) -> None:
+    """--chat-weight: finite and > 0, and only where some store holds chat answers (else one line)."""
+    check_float_arg("--chat-weight", weight, 0.0, 1e3, lo_open=True)
+    if weight != 1.0 and not any(chat_windows(s).any() for s in stores):
+        raise MlxspecError(f"--chat-weight {weight:g}: no --data store holds chat answers (only --data-mode regen "
+                           "stores do); prepare one, or drop --chat-weight")
+
+
 class Windows:
     """Random windows of one or more stores: tokens, taps, labels and the supervised range."""
 
@@ -282,10 +299,9 @@ class Windows:
         sizes = np.array([len(s["tokens"]) for s in stores], np.float64)
         self.p = sizes / sizes.sum()
         self.w = None  # per-window draw weights, only where chat windows weigh more (or less) than the rest
+        check_chat_weight(stores, self.chat_weight)
         if self.chat_weight != 1.0:
-            w = np.concatenate([np.where(np.char.startswith(np.asarray(s["source"]).astype(str), "chat"),
-                                         self.chat_weight, 1.0) if "source" in s else np.ones(len(s["tokens"]))
-                                for s in stores])
+            w = np.concatenate([np.where(chat_windows(s), self.chat_weight, 1.0) for s in stores])
             self.w = w / w.sum()
             self.first = np.cumsum([0] + [len(s["tokens"]) for s in stores])
 
