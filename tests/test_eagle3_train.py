@@ -179,6 +179,24 @@ def test_regen_chat_questions_mix_three_kinds_and_never_the_heldout_ones():
     assert not set(CHAT_QUESTIONS) & {q for _, q in qs}
 
 
+def test_regen_corpus_prefixes_take_a_file_exactly_twice_the_prefix_long():
+    """A training file that tokenizes to exactly 2 x prefix_len tokens is a valid source (Gemma's
+    tokenizer hit it on the real corpus: `rng.integers(0, 0)` raised `ValueError: high <= 0` and
+    the store was never written); shorter files are skipped."""
+    from mlxspec.train.regen import corpus_prefixes
+
+    class ExactLength:  # every file tokenizes to exactly 2 x 8 ids, file-specific
+        def encode(self, text, add_special_tokens=False):
+            h = abs(hash(text)) % 1000
+            return [h + i for i in range(16)]
+
+    out = corpus_prefixes(ExactLength(), 8, 6)
+    assert len(out) == 6 and [c for c, _ in out] == ["code", "prose"] * 3
+    assert all(ids == list(range(ids[0], ids[0] + 8)) for _, ids in out)
+    # each prefix starts at offset 0 or 1 of its file's 16 ids: the only starts that leave a continuation
+    assert all(len(ids) == 8 for _, ids in out)
+
+
 # ----------------------------------------------------------------------------- --online
 
 ONLINE_TAPS = [1, 14, 26]

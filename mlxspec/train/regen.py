@@ -138,7 +138,7 @@ def corpus_prefixes(tokenizer, prefix_len: int, n: int, seed: int = 0) -> list[t
             ids = tokenizer.encode(read_text(fs[i].path), add_special_tokens=False)
             if len(ids) < 2 * prefix_len:
                 continue
-            s = int(rng.integers(0, len(ids) - 2 * prefix_len))
+            s = int(rng.integers(0, len(ids) - 2 * prefix_len + 1))  # a file of exactly 2 x prefix_len too
             out.append((cat, ids[s : s + prefix_len]))
     code = [x for x in out if x[0] == "code"]
     prose = [x for x in out if x[0] == "prose"]
