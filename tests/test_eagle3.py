@@ -427,8 +427,16 @@ def test_drafter_cache_holds_only_committed_pairs(llama):
     cache = llama.make_cache()
     _, taps = llama(mx.array([ids]), cache, taps=d.taps)
     d.begin(ids, taps)
+    # the prompt's pairs whose next token is known run at begin (prompt processing, not drafting:
+    # timed as drafting, their cost once made the policy stop asking the drafter); the last waits
+    assert d.committed == 4 and len(d._next) == 0 and d._taps[0].shape[1] == 1
     out = d.draft(42, 5, GREEDY, np.random.default_rng(0))
     assert len(out.tokens) == 5 and out.logits.shape == (5, 64)
+    lazy = Eagle3Drafter(random_eagle3(cfg, seed=5), cfg, llama)
+    lazy.reset()
+    lazy._taps, lazy._next = [taps], ids[1:]  # begin before the change: everything left to draft()
+    ref = lazy.draft(42, 5, GREEDY, np.random.default_rng(0))
+    assert out.tokens == ref.tokens and np.allclose(np.asarray(out.logits), np.asarray(ref.logits), atol=1e-5)
     assert d.committed == 5  # pairs (x_i taps, x_{i+1}) for i < 5, the last paired with the anchor 42
     _, vt = llama(mx.array([[42] + out.tokens[:2]]), cache, taps=d.taps)
     d.accept([42] + out.tokens[:2], vt)

@@ -305,3 +305,33 @@ def test_calibration_learns_what_siblings_really_get_and_shrinks_the_budget():
     assert t.nodes[3].score == pytest.approx(0.45 / 5.5)
     assert t.nodes[2].score == pytest.approx((0.9 * 21 / 19) ** 2)
     assert choose_budget([t.nodes[i].score for i in t.ranked()], cost, 0.0, 4) == 2
+
+
+def test_a_chain_drafters_tree_stops_growing_where_the_budget_keeps_no_newest_node(real):
+    """EAGLE-2's expansion sized by cost: after each depth, the tree grows on only if the budget
+    (chosen by `choose_budget` over the scores so far) would verify one of that depth's nodes.
+    Exact on a hand tree; on the shipped EAGLE-3 drafter, a verify whose every extra row costs a
+    whole step stops the tree after its first depth (one drafter forward, not six), and a flat
+    cost lets it reach the depth asked for."""
+    import numpy as np
+
+    from mlxspec import api
+    from mlxspec.engine.tree import newest_pays
+    from mlxspec.engine.verify import SamplingParams
+
+    flat, steep = [1.0] * 65, [1.0 + k for k in range(10)]
+    scores = [1.0, 0.9, 0.3, 0.2]  # node 3 is the newest depth's only node
+    assert newest_pays(scores, [3], flat, 8) and not newest_pays(scores, [3], [1.0, 1.05, 1.1, 10.0], 8)
+    assert newest_pays(scores, [1, 2], [1.0, 1.5, 10.0, 10.0], 8)  # node 1 alone pays: (1.9/1.5 > 1)
+
+    target, ids, _ = real
+    spec = api.Speculator.build(api.SpecConfig(draft=str(api.shipped_drafter("eagle3")), ngram=False), target)
+    d = spec.make_drafter(target)
+    _, taps = target(mx.array([ids]), target.make_cache(), taps=d.taps, logits="none")
+    p = np.full(16, 0.6)
+    for cost, depths in ((steep, 1), (flat, 6)):
+        d.begin(ids, taps)
+        tree = DraftTree(ids[-1])
+        got = d.draft_tree(tree, 6, 4, SamplingParams(), np.random.default_rng(0), p,
+                           lambda t, new: newest_pays([n.score for n in t.nodes], new, cost, 64))
+        assert got == depths and max(n.depth for n in tree.nodes) == depths, (cost, got)

@@ -67,6 +67,23 @@ class Eagle3Drafter:
         ids = [int(t) for t in prompt_ids]
         self._taps = [prompt_taps] if n else []
         self._next = ids[len(ids) - n + 1:] if n else []  # taps of a tail only: pair that tail
+        self._commit_known()
+
+    def _commit_known(self) -> None:
+        """Run the pending pairs whose next token is known (all but the last tap) into the cache
+        now, evaluated: the prompt's pairs are part of the prompt's processing. Left to the first
+        `draft`, they were timed as drafting (~0.1-0.3 s for a few hundred tokens here), and the
+        policy, seeing one draft cost that much, stopped asking the drafter."""
+        if len(self._next) == 0 or not self._taps:
+            return
+        taps = self._taps[0] if len(self._taps) == 1 else mx.concatenate(self._taps, axis=1)
+        k = len(self._next)
+        if k >= taps.shape[1]:
+            raise AssertionError(f"eagle3 drafter: {taps.shape[1]} pending taps but {k} known next tokens")
+        dt = self.model.fc.weight.dtype
+        h = self._step(self.embed(mx.array([self._next])).astype(dt), self.model.fuse(taps[:, :k].astype(dt)))
+        mx.eval(h, *[a for c in self.cache for a in (c.k, c.v)])
+        self._taps, self._next = [taps[:, k:]], []
 
     def accept(self, tokens, taps):
         tokens = [int(t) for t in tokens]
@@ -134,14 +151,16 @@ class Eagle3Drafter:
 
 
     def draft_tree(self, tree: DraftTree, depth: int, width: int, sp: SamplingParams, rng: np.random.Generator,
-                   p: np.ndarray) -> int:
+                   p: np.ndarray, more=None) -> int:
         """EAGLE-2's dynamic tree, added to `tree` (rooted at the anchor): at each depth the
         `width` best children of every frontier node join the tree, and the `width` best new
         nodes (by path score) become the next frontier, run in ONE drafter forward whose tree
         mask lets each row see the committed pairs and its own ancestors' rows (position:
         committed + depth - 1, as the chain). Scores: parent * p[depth - 1] * (q(x_r) / q(x_0))
         greedy, * SIBLING_DECAY**r sampled (children drawn without replacement in draw order,
-        each recorded with the distribution it was drawn from). -> drafter forwards run."""
+        each recorded with the distribution it was drawn from). more(tree, new nodes) -> False
+        stops the growth after a depth (`tree.newest_pays`: the budget would keep none of it).
+        -> the depths drafted (drafter forwards run, the first pair's included)."""
         self._commit(tree.nodes[0].token)
         if depth <= 0 or self._last_h is None:
             return 0
@@ -168,7 +187,7 @@ class Eagle3Drafter:
                     k = tree.add(node, int(tgt[j, r]), ps * pd * rel, "drafter",
                                  None if sp.greedy else qt[j], () if sp.greedy else tuple(int(t) for t in tgt[j, :r]))
                     children.append((k, j))
-            if d == depth - 1:
+            if d == depth - 1 or (more is not None and not more(tree, [k for k, _ in children])):
                 break
             best = sorted(children, key=lambda c: (-tree.nodes[c[0]].score, c[0]))[:width]
             m, before = len(best), len(rows)

@@ -236,6 +236,14 @@ class TreeCalibration:
     def rescore(self, tree: DraftTree) -> None:
         """Classify every node, keep its raw conditional, and replace its score by the
         calibrated path product (nodes are in topological order: parents first)."""
+        scores, conds, classes = self.calibrated(tree)
+        for i, n in enumerate(tree.nodes):
+            if i:
+                n.score, n.cond, n.cls = scores[i], conds[i], classes[i]
+
+    def calibrated(self, tree: DraftTree) -> tuple[list[float], list[float], list[str]]:
+        """What `rescore` would set, without touching the tree (a tree still being drafted
+        keeps its raw scores): -> (scores, raw conditionals, classes), root first."""
         on_chain = {0}
         for src in ("lookup", "drafter"):
             i = 0
@@ -246,14 +254,16 @@ class TreeCalibration:
                 on_chain.add(kid)
                 i = kid
         raw = [n.score for n in tree.nodes]
+        scores, conds, classes = [1.0] * len(raw), [1.0] * len(raw), [""] * len(raw)
         for i, n in enumerate(tree.nodes):
             if i == 0:
                 continue
             par = tree.nodes[n.parent]
-            n.cond = raw[i] / raw[n.parent] if raw[n.parent] > 0 else 0.0
+            conds[i] = raw[i] / raw[n.parent] if raw[n.parent] > 0 else 0.0
             first = next((k for k in par.kids if tree.nodes[k].source == n.source), None) == i
-            n.cls = f"{n.source}/{'chain' if i in on_chain else 'off' if first else 'alt'}"
-            n.score = par.score * min(1.0, n.cond * self.factor(n.cls))
+            classes[i] = f"{n.source}/{'chain' if i in on_chain else 'off' if first else 'alt'}"
+            scores[i] = scores[n.parent] * min(1.0, conds[i] * self.factor(classes[i]))
+        return scores, conds, classes
 
     def observe(self, tree: DraftTree, path: list[int]) -> None:
         """After verification: every node whose parent was accepted was tried."""
@@ -279,6 +289,17 @@ def choose_budget(scores: list[float], verify_time, draft_time: float, cap: int)
         if r > best * (1 + 1e-9):
             best_n, best = m, r
     return best_n
+
+
+def newest_pays(scores: list[float], newest, verify_time, cap: int) -> bool:
+    """Whether any node of `newest` (the depth just drafted) is among the nodes the budget would
+    verify now (`choose_budget` over `scores`, root first). A child never scores above its
+    parent, so where none of them is kept, nothing drafted below them would be: a drafter
+    that grows its tree a depth per forward stops there (EAGLE-2's expansion, sized by cost)."""
+    order = sorted(range(1, len(scores)), key=lambda i: -scores[i])
+    n = choose_budget([scores[i] for i in order], verify_time, 0.0, cap)
+    newest = set(newest)
+    return any(i in newest for i in order[:n])
 
 
 # ------------------------------------------------------------------------------- verification

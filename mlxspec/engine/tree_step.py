@@ -23,7 +23,7 @@ from mlxspec.engine.drafting import proposals
 from mlxspec.engine.ngram import propose_many
 from mlxspec.engine.policy import Kind, Source
 from mlxspec.engine.tree import (DraftTree, TreeCalibration, accept_greedy, accept_sampled, add_lookup, add_rows,
-                                 choose_budget, top_candidates, top_weights)
+                                 choose_budget, newest_pays, top_candidates, top_weights)
 from mlxspec.engine.verify import target_rows
 from mlxspec.errors import MlxspecError
 from mlxspec.targets.tree import keep_rows
@@ -70,9 +70,11 @@ def _inner(drafter):
     return getattr(drafter, "block", drafter)
 
 
-def draft_tree(drafter, policy, anchor: int, n_cap: int, sampling, rng, settings: TreeSettings):
+def draft_tree(drafter, policy, anchor: int, n_cap: int, sampling, rng, settings: TreeSettings,
+               cal: TreeCalibration | None = None):
     """-> (tree before selection or None for an autoregressive step, plan source, draft seconds,
-    drafter forwards)."""
+    drafter forwards). A chain drafter's tree grows while its newest depth would be verified
+    (the budget chosen by cost, scores calibrated by `cal`), at most the plan's length deep."""
     model_drafts, has_lookup = proposals(drafter)
     conts, match = [], 0
     if has_lookup and hasattr(drafter, "index"):
@@ -96,7 +98,14 @@ def draft_tree(drafter, policy, anchor: int, n_cap: int, sampling, rng, settings
         budget = settings.nodes
         if hasattr(inner, "draft_tree"):
             depth = plan.n if settings.mode != "fixed" else min(n_cap, inner.max_drafts)
-            forwards = inner.draft_tree(tree, max(depth, 1), settings.width, sampling, rng, p)
+            more = None
+            if settings.mode != "fixed" and hasattr(policy, "verify_time"):
+                vt, cap = policy.verify_time, settings.nodes
+
+                def more(t, newest):
+                    scores = cal.calibrated(t)[0] if cal is not None else [n.score for n in t.nodes]
+                    return newest_pays(scores, newest, vt, cap)
+            forwards = inner.draft_tree(tree, max(depth, 1), settings.width, sampling, rng, p, more)
         else:
             d = drafter.draft(anchor, n_cap, sampling, rng)
             forwards = 1
@@ -143,7 +152,7 @@ def tree_step(target, cache, drafter, policy, anchor: int, n_cap: int, sampling,
     step (the caller runs it). Updates the cache, the drafter, the policy and stats. cal: the
     generation's node-score calibration (scores rescaled before the budget, updated after)."""
     t0 = time.perf_counter()
-    tree, source, t_draft, forwards = draft_tree(drafter, policy, anchor, n_cap, sampling, rng, settings)
+    tree, source, t_draft, forwards = draft_tree(drafter, policy, anchor, n_cap, sampling, rng, settings, cal)
     if tree is None or len(tree) <= 1:
         return None
     cap = min(settings.nodes, len(tree) - 1)
@@ -207,4 +216,6 @@ def _record(stats, policy, tree: DraftTree, path: list, source: Source, t_draft:
             ok += 1
         if src is None:
             src = source if source.is_lookup else Source.LOOKUP
+        if key == "drafter" and forwards and getattr(policy, "chain", False):
+            policy.last_drafted = forwards  # a tree may stop growing before the plan's length
         policy.observe(src, len(chain), ok, None, t_draft if key == "drafter" and forwards else None, None)
