@@ -25,7 +25,7 @@ from mlxspec.engine.drafting import BlockDrafter, NoDrafter, SimpleDrafter
 from mlxspec.engine.eagle3 import Eagle3Drafter
 from mlxspec.engine.loop import SpecStats, generate_steps
 from mlxspec.engine.tree_step import TreeSettings
-from mlxspec.engine.ngram import LookupBlockDrafter, NgramDrafter
+from mlxspec.engine.ngram import LOOKUP_MAX, LookupBlockDrafter, NgramDrafter
 from mlxspec.engine.policy import FixedLength, LengthPolicy, PolicyMemory, VerifyPolicy, compose
 from mlxspec.engine.profile import verify_profile
 from mlxspec.engine.suffix import SuffixIndex, SuffixLookup
@@ -276,7 +276,7 @@ def _build(sc: SpecConfig, draft: str | None, spec_type: str, target: Target, lo
     suffix = sc.lookup == "suffix"
     index, shared = _lookup_index(sc), {"suffix": _shared_suffix(sc)}
     if spec_type == "ngram":
-        n = num_draft_tokens or 8
+        n = num_draft_tokens or (8 if policy != "adaptive" else LOOKUP_MAX)  # the adaptive policy verifies what pays
         vocab = target.info.vocab_size
         return Speculator(drafter_factory=lambda t: NgramDrafter(vocab, n, index=index()), spec_type=sc.lookup, p_min=None,
                           schedule=False, num_draft_tokens=n, policy=policy, **shared,
@@ -316,11 +316,22 @@ def _build(sc: SpecConfig, draft: str | None, spec_type: str, target: Target, lo
         p_min, schedule = None, False
     bs = block_size or cfg.block_size
     if ngram:
-        return Speculator(drafter_factory=lambda t: LookupBlockDrafter(BlockDrafter(dmodel, t, bs), t.info.vocab_size, index=index()),
+        lmax = _lookup_max(sc)
+        return Speculator(drafter_factory=lambda t: LookupBlockDrafter(BlockDrafter(dmodel, t, bs), t.info.vocab_size,
+                                                                       index=index(), lookup_max=lmax),
                           spec_type=f"draft-{cfg.lineage}+{sc.lookup}", p_min=p_min, schedule=schedule, num_draft_tokens=None,
-                          description=f"{cfg.lineage}+{sc.lookup} {Path(draft).name} block={bs}", policy=policy, **shared)
+                          description=f"{cfg.lineage}+{sc.lookup} {Path(draft).name} block={bs}"
+                                      + (f" lookup<={lmax}" if lmax else ""), policy=policy, **shared)
     return Speculator(drafter_factory=lambda t: BlockDrafter(dmodel, t, bs), spec_type=f"draft-{cfg.lineage}", p_min=p_min, schedule=schedule, num_draft_tokens=None,
                       description=f"{cfg.lineage} {Path(draft).name} block={bs}", policy=policy)
+
+
+def _lookup_max(sc: SpecConfig) -> int:
+    """How many drafts prompt lookup / suffix drafting may propose beside a model drafter: up to
+    `LOOKUP_MAX` under the adaptive policy (it verifies only as many as pay), the drafter's own
+    length where a flag pins lengths (--verify-policy fixed, --block-size, --num-draft-tokens)."""
+    pinned = sc.verify_policy != "adaptive" or sc.block_size is not None or sc.num_draft_tokens is not None
+    return 0 if pinned else LOOKUP_MAX
 
 
 def _lookup_index(sc: SpecConfig):
@@ -342,14 +353,15 @@ def _build_eagle3(sc: SpecConfig, dmodel, cfg, draft: str, policy: str, log) -> 
         say(f"mlxspec: warning: {Path(draft).name} has no confidence head; --p-min / --schedule are ignored",
             log, logging.WARNING)
 
-    index = _lookup_index(sc)
+    index, lmax = _lookup_index(sc), _lookup_max(sc)
 
     def make(t):
         d = Eagle3Drafter(dmodel, cfg, t, n)
-        return LookupBlockDrafter(d, t.info.vocab_size, index=index()) if sc.ngram else d
+        return LookupBlockDrafter(d, t.info.vocab_size, index=index(), lookup_max=lmax) if sc.ngram else d
     kind = f"draft-eagle3+{sc.lookup}" if sc.ngram else "draft-eagle3"
     return Speculator(drafter_factory=make, spec_type=kind, p_min=None, schedule=False, num_draft_tokens=n,
-                      description=f"eagle3{'+' + sc.lookup if sc.ngram else ''} {Path(draft).name} chain={n}", policy=policy,
+                      description=f"eagle3{'+' + sc.lookup if sc.ngram else ''} {Path(draft).name} chain={n}"
+                                  + (f" lookup<={max(lmax, n)}" if sc.ngram and lmax else ""), policy=policy,
                       suffix=_shared_suffix(sc) if sc.ngram else None)
 
 
@@ -517,7 +529,8 @@ def make_policy(target: Target, drafter, spec: Speculator, temp: float = 0.0) ->
     if spec.policy == "adaptive" and drafter.max_drafts > 0:
         key = "greedy" if temp == 0 else f"temp={temp:g}"
         base = spec.memory.policy(key, lambda: VerifyPolicy.from_profile(profile_for(target, drafter), drafter.max_drafts,
-                                                                chain=bool(getattr(drafter, "chain", False))))
+                                                                chain=bool(getattr(drafter, "chain", False)),
+                                                                model_cap=getattr(drafter, "model_max", None)))
     else:
         base = FixedLength(spec.num_draft_tokens)
     return compose(base, p_min=spec.p_min, schedule=profile_for(target, drafter) if spec.schedule else None)

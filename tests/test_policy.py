@@ -388,3 +388,36 @@ def test_a_chain_drafter_drafts_only_the_length_that_pays():
         # what it observes is per drafted token for a chain, per block otherwise
         pol.observe(plan.source, plan.n, 0, draft_seconds=0.15 * plan.n)
         assert pol.draft_time[Source.DRAFTER] == pytest.approx(0.15 if chain else 0.15 * 7 * 0.8 + 0.15 * 7 * 0.2)
+
+
+
+def test_lookup_beside_a_drafter_proposes_past_the_drafters_length_and_the_drafter_never_does(smollm2):
+    """Beside the shipped EAGLE-3 chain (7 drafts), under the adaptive policy, prompt lookup may
+    propose up to 16 (an agent's file sent back: a long earlier match is worth a long verify);
+    the policy plans the drafter at most its own 7 and a lookup that has been right up to 16;
+    the drafter is never asked for more than 7 through the engine, whose output equals
+    autoregressive. A flag that pins lengths keeps the lookup at the drafter's length."""
+    from mlxspec import api
+
+    pol = VerifyPolicy([1.0] + [1.02] * 16, 16, chain=True, model_cap=7)
+    for _ in range(20):  # both always right so far
+        pol.observe(Source.DRAFTER, 7, 7)
+        pol.observe(Source.lookup(4), 16, 16)
+    assert pol.plan(16, 0, 0, True) == Plan(Source.DRAFTER, 7)
+    assert pol.plan(16, 16, 4, True) == Plan(Source.lookup(4), 16)
+
+    target, tok = smollm2
+    ids = tok.encode("x = 1\ny = 2\nx = 1\ny = 2\nx = 1\n", add_special_tokens=False)
+    ar = run(target, ids, max_tokens=40)
+    spec = api.Speculator.build(api.SpecConfig(draft=str(api.shipped_drafter("eagle3"))), target)
+    assert "lookup<=16" in spec.description
+    d = spec.make_drafter(target)
+    assert (d.max_drafts, d.model_max) == (16, 7)
+    asked, proposed = [], []
+    inner, look = d.block.draft, d.lookup
+    d.block.draft = lambda anchor, n, sp, rng: asked.append(n) or inner(anchor, n, sp, rng)
+    d.lookup = lambda anchor, n: (lambda r: proposed.append(len(r[0])) or r)(look(anchor, n))
+    assert [t for s in spec.session(target, ids, max_tokens=40, drafter=d) for t in s] == ar
+    assert max(proposed) > 7 and (not asked or max(asked) <= 7), (proposed, asked)
+    pinned = api.Speculator.build(api.SpecConfig(draft=str(api.shipped_drafter("eagle3")), num_draft_tokens=5), target)
+    assert pinned.make_drafter(target).max_drafts == 5 and "lookup<=" not in pinned.description

@@ -22,6 +22,8 @@ import numpy as np
 
 from mlxspec.engine.drafting import DraftOutput
 
+LOOKUP_MAX = 16  # beside a model drafter, under the adaptive policy: the lookup's most drafts
+
 
 class NgramIndex:
     """Most recent end position of every n-gram (n_min..n_max) in a growing token list."""
@@ -157,12 +159,16 @@ class LookupBlockDrafter:
 
     proposes_model_drafts, has_lookup = True, True
 
-    def __init__(self, block, vocab_size: int, n_min: int = 2, n_max: int = 4, index=None):
+    def __init__(self, block, vocab_size: int, n_min: int = 2, n_max: int = 4, index=None, lookup_max: int = 0):
         self.block = block
         self.index = NgramIndex(n_min, n_max) if index is None else index
         self.name = f"{block.name}+{self.index.name}"
         self.taps = block.taps
-        self.max_drafts = block.max_drafts
+        # the model drafter's most drafts; the lookup may propose more (lookup_max: its drafts cost
+        # nothing, and a long earlier match, an agent's file sent back, is worth a long verify):
+        # max_drafts is the larger, the policy caps the model's plans at model_max
+        self.model_max = block.max_drafts
+        self.max_drafts = max(block.max_drafts, int(lookup_max))
         self.chain = bool(getattr(block, "chain", False))  # a chain drafter's cost is per draft (policy)
         self.vocab_size = vocab_size
 
@@ -182,4 +188,4 @@ class LookupBlockDrafter:
         return self.index.propose(anchor, min(n, self.max_drafts))
 
     def draft(self, anchor, n, sp, rng) -> DraftOutput:
-        return self.block.draft(anchor, n, sp, rng)
+        return self.block.draft(anchor, min(n, self.model_max), sp, rng)

@@ -311,7 +311,10 @@ class VerifyPolicy:
 
     def __init__(self, verify_time: Sequence[float], max_drafts: int, probe_every: int = 4, max_probe_every: int = 64,
                  decay: float = 0.95, cost_decay: float = 0.97, cost_prior: float = 1.0, cost_probe_weight: float = 0.3,
-                 chain: bool = False):
+                 chain: bool = False, model_cap: int | None = None):
+        # model_cap: the model drafter's most drafts where a lookup beside it may propose more
+        # (max_drafts); None: max_drafts
+        self.model_cap = max_drafts if model_cap is None else min(int(model_cap), max_drafts)
         # chain: the drafter runs one forward per draft (EAGLE-3), so its cost is per drafted
         # token and the plan drafts only as many as pay; a block drafter's forward costs the
         # same whatever the length, so it drafts the whole block and truncates afterwards
@@ -420,12 +423,13 @@ class VerifyPolicy:
             options.append((r if l > 0 else 0.0, Plan(src, l), min(lookup_len, n_cap)))
         if model_drafts:
             dt = self.draft_time.get(Source.DRAFTER, 0.0)
+            m_cap = min(n_cap, self.model_cap)
             if self.chain:  # draft_time is per drafted token: draft only the length that pays
-                l, r = best_length(self.estimate(Source.DRAFTER).p(), self.verify_time, 0.0, n_cap, dt)
-                options.append((r if l > 0 else 0.0, Plan(Source.DRAFTER, l), n_cap))
+                l, r = best_length(self.estimate(Source.DRAFTER).p(), self.verify_time, 0.0, m_cap, dt)
+                options.append((r if l > 0 else 0.0, Plan(Source.DRAFTER, l), m_cap))
             else:
-                l, r = best_length(self.estimate(Source.DRAFTER).p(), self.verify_time, dt, n_cap)
-                options.append((r if l > 0 else 0.0, Plan(Source.DRAFTER, n_cap), n_cap))
+                l, r = best_length(self.estimate(Source.DRAFTER).p(), self.verify_time, dt, m_cap)
+                options.append((r if l > 0 else 0.0, Plan(Source.DRAFTER, m_cap), m_cap))
         best, best_rate = Plan(Source.NONE, 0), 1.0 / self.verify_time[0]
         for r, plan, _ in options:
             if r > best_rate:
@@ -486,7 +490,8 @@ class VerifyPolicy:
         if self.last_probe:
             # back to frequent probes only once the estimate says this source pays again
             dt = self.draft_time.get(Source.DRAFTER, 0.0) if drafter else 0.0
-            pays = best_length(self.estimate(source).p(), self.verify_time, 0.0 if self.chain else dt, self.max_drafts,
+            pays = best_length(self.estimate(source).p(), self.verify_time, 0.0 if self.chain else dt,
+                               self.model_cap if drafter else self.max_drafts,
                                dt if self.chain else 0.0)[0] > 0
             cur = self.probe_interval(source)
             self.interval[source] = self.probe_base if pays else min(2 * cur, self.max_probe_every)
