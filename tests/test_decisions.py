@@ -31,7 +31,7 @@ MAX = 24
 class Untimed(VerifyPolicy):
     """The adaptive policy without the measured verify / draft costs (the profile's costs only)."""
 
-    def observe(self, source, verified, accepted, confidence=None, draft_seconds=None, verify_seconds=None):
+    def observe(self, source, verified, accepted, confidence=None, draft_seconds=None, verify_seconds=None, **kw):
         super().observe(source, verified, accepted, confidence)
 
     def observe_verify(self, length, seconds):

@@ -185,16 +185,18 @@ def test_regen_corpus_prefixes_take_a_file_exactly_twice_the_prefix_long():
     the store was never written); shorter files are skipped."""
     from mlxspec.train.regen import corpus_prefixes
 
+    firsts = set()
+
     class ExactLength:  # every file tokenizes to exactly 2 x 8 ids, file-specific
         def encode(self, text, add_special_tokens=False):
-            h = abs(hash(text)) % 1000
+            h = 1000 * (abs(hash(text)) % 10**6)
+            firsts.add(h)
             return [h + i for i in range(16)]
 
     out = corpus_prefixes(ExactLength(), 8, 6)
     assert len(out) == 6 and [c for c, _ in out] == ["code", "prose"] * 3
-    assert all(ids == list(range(ids[0], ids[0] + 8)) for _, ids in out)
-    # each prefix starts at offset 0 or 1 of its file's 16 ids: the only starts that leave a continuation
-    assert all(len(ids) == 8 for _, ids in out)
+    # each prefix is its file's first 8 ids: offset 0 is the only start that leaves 8 ids to continue
+    assert all(ids == list(range(ids[0], ids[0] + 8)) and ids[0] in firsts for _, ids in out)
 
 
 # ----------------------------------------------------------------------------- --online

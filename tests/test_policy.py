@@ -421,3 +421,17 @@ def test_lookup_beside_a_drafter_proposes_past_the_drafters_length_and_the_draft
     assert max(proposed) > 7 and (not asked or max(asked) <= 7), (proposed, asked)
     pinned = api.Speculator.build(api.SpecConfig(draft=str(api.shipped_drafter("eagle3")), num_draft_tokens=5), target)
     assert pinned.make_drafter(target).max_drafts == 5 and "lookup<=" not in pinned.description
+
+
+def test_chain_draft_time_is_per_forward_run():
+    """A chain drafter's draft time is learnt per forward: by the plan's length, or by the
+    forwards the step reports (a tree that stopped growing early ran fewer than planned)."""
+    pol = VerifyPolicy(FLAT, 8, chain=True)
+    pol.last_drafted = 6  # what plan() set
+    pol.observe(Source.DRAFTER, 2, 1, None, 0.06, None)
+    assert pol.draft_time[Source.DRAFTER] == pytest.approx(0.01)
+    pol = VerifyPolicy(FLAT, 8, chain=True)
+    pol.last_drafted = 6
+    pol.observe(Source.DRAFTER, 2, 1, None, 0.06, None, drafted=3)
+    assert pol.draft_time[Source.DRAFTER] == pytest.approx(0.02)
+    assert pol.last_drafted == 6  # the plan's record is left alone

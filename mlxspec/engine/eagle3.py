@@ -69,6 +69,16 @@ class Eagle3Drafter:
         self._next = ids[len(ids) - n + 1:] if n else []  # taps of a tail only: pair that tail
         self._commit_known()
 
+    def _pending_taps(self) -> mx.array:
+        return self._taps[0] if len(self._taps) == 1 else mx.concatenate(self._taps, axis=1)
+
+    def _run_pairs(self, taps: mx.array, nxt: list[int]) -> mx.array:
+        """Run (tap, next token) pairs into the cache -> the drafter's pre-norm outputs [1, L, H]."""
+        if len(nxt) != taps.shape[1]:
+            raise AssertionError(f"eagle3 drafter: {taps.shape[1]} pending taps but {len(nxt)} next tokens")
+        dt = self.model.fc.weight.dtype
+        return self._step(self.embed(mx.array([nxt])).astype(dt), self.model.fuse(taps.astype(dt)))
+
     def _commit_known(self) -> None:
         """Run the pending pairs whose next token is known (all but the last tap) into the cache
         now, evaluated: the prompt's pairs are part of the prompt's processing. Left to the first
@@ -76,12 +86,10 @@ class Eagle3Drafter:
         policy, seeing one draft cost that much, stopped asking the drafter."""
         if len(self._next) == 0 or not self._taps:
             return
-        taps = self._taps[0] if len(self._taps) == 1 else mx.concatenate(self._taps, axis=1)
-        k = len(self._next)
+        taps, k = self._pending_taps(), len(self._next)
         if k >= taps.shape[1]:
             raise AssertionError(f"eagle3 drafter: {taps.shape[1]} pending taps but {k} known next tokens")
-        dt = self.model.fc.weight.dtype
-        h = self._step(self.embed(mx.array([self._next])).astype(dt), self.model.fuse(taps[:, :k].astype(dt)))
+        h = self._run_pairs(taps[:, :k], self._next)
         mx.eval(h, *[a for c in self.cache for a in (c.k, c.v)])
         self._taps, self._next = [taps[:, k:]], []
 
@@ -103,14 +111,7 @@ class Eagle3Drafter:
         """Run the pending pairs (the last one paired with the anchor) into the cache."""
         if self._anchor_used or not self._taps:
             return
-        taps = self._taps[0] if len(self._taps) == 1 else mx.concatenate(self._taps, axis=1)
-        nxt = self._next + [int(anchor)]
-        if len(nxt) != taps.shape[1]:
-            raise AssertionError(f"eagle3 drafter: {taps.shape[1]} pending taps but {len(nxt)} next tokens")
-        dt = self.model.fc.weight.dtype
-        hidden = self.model.fuse(taps.astype(dt))
-        emb = self.embed(mx.array([nxt])).astype(dt)
-        h = self._step(emb, hidden)
+        h = self._run_pairs(self._pending_taps(), self._next + [int(anchor)])
         self._last_h = h[:, -1:]
         self._taps, self._next, self._anchor_used = [], [], True
 

@@ -197,9 +197,12 @@ class LengthPolicy(Protocol):
         """After drafting: how many of the n drafts to verify."""
 
     def observe(self, source: Source, verified: int, accepted: int, confidence: Sequence[float] | None = None,
-                draft_seconds: float | None = None, verify_seconds: float | None = None) -> None:
+                draft_seconds: float | None = None, verify_seconds: float | None = None, *,
+                drafted: int | None = None) -> None:
         """After verifying: what the step drafted, verified and accepted, and what it cost
-        (verify_seconds: the verify forward over verified + 1 tokens; None: not measured)."""
+        (verify_seconds: the verify forward over verified + 1 tokens; None: not measured;
+        drafted: the chain drafter's forwards behind draft_seconds where they differ from the
+        plan's length, as when a tree stops growing early)."""
 
 
 class FixedLength:
@@ -214,7 +217,8 @@ class FixedLength:
     def truncate(self, source, n, confidence, greedy) -> int:
         return n
 
-    def observe(self, source, verified, accepted, confidence=None, draft_seconds=None, verify_seconds=None) -> None:
+    def observe(self, source, verified, accepted, confidence=None, draft_seconds=None, verify_seconds=None, *,
+                drafted=None) -> None:
         pass
 
 
@@ -237,8 +241,9 @@ class _Around:
                 return 0
         return self.inner.truncate(source, n, confidence, greedy)
 
-    def observe(self, source, verified, accepted, confidence=None, draft_seconds=None, verify_seconds=None) -> None:
-        self.inner.observe(source, verified, accepted, confidence, draft_seconds, verify_seconds)
+    def observe(self, source, verified, accepted, confidence=None, draft_seconds=None, verify_seconds=None, *,
+                drafted=None) -> None:
+        self.inner.observe(source, verified, accepted, confidence, draft_seconds, verify_seconds, drafted=drafted)
 
 
 class ConfidenceCut(_Around):
@@ -467,7 +472,8 @@ class VerifyPolicy:
         return self.cost_probe(l) if greedy else l
 
     def observe(self, source: str | Source, verified: int, accepted: int, confidence: Sequence[float] | None = None,
-                draft_seconds: float | None = None, verify_seconds: float | None = None) -> None:
+                draft_seconds: float | None = None, verify_seconds: float | None = None, *,
+                drafted: int | None = None) -> None:
         """After verifying (`LengthPolicy.observe`): the verify cost when measured, then the
         source's acceptance (nothing for an autoregressive step)."""
         source = Source.of(source)
@@ -484,7 +490,7 @@ class VerifyPolicy:
         drafter = source.kind is Kind.DRAFTER
         if draft_seconds is not None and drafter:
             if self.chain:
-                draft_seconds = draft_seconds / max(self.last_drafted, 1)
+                draft_seconds = draft_seconds / max(self.last_drafted if drafted is None else drafted, 1)
             old = self.draft_time.get(Source.DRAFTER)
             self.draft_time[Source.DRAFTER] = draft_seconds if old is None else 0.8 * old + 0.2 * draft_seconds
         if self.last_probe:

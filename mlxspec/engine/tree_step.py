@@ -70,11 +70,19 @@ def _inner(drafter):
     return getattr(drafter, "block", drafter)
 
 
+def _costs(policy, settings: TreeSettings) -> list[float] | None:
+    """The policy's verify costs by length where the budget is chosen by cost (None: fixed)."""
+    return policy.verify_time if settings.mode != "fixed" and hasattr(policy, "verify_time") else None
+
+
 def draft_tree(drafter, policy, anchor: int, n_cap: int, sampling, rng, settings: TreeSettings,
-               cal: TreeCalibration | None = None):
+               cal: TreeCalibration | None = None, vt: list[float] | None = None):
     """-> (tree before selection or None for an autoregressive step, plan source, draft seconds,
     drafter forwards). A chain drafter's tree grows while its newest depth would be verified
-    (the budget chosen by cost, scores calibrated by `cal`), at most the plan's length deep."""
+    (the budget chosen by the verify costs `vt`, scores calibrated by `cal`), at most the plan's
+    length deep. vt: `_costs(policy, settings)`, computed here when not given."""
+    if vt is None:
+        vt = _costs(policy, settings)
     model_drafts, has_lookup = proposals(drafter)
     conts, match = [], 0
     if has_lookup and hasattr(drafter, "index"):
@@ -99,8 +107,8 @@ def draft_tree(drafter, policy, anchor: int, n_cap: int, sampling, rng, settings
         if hasattr(inner, "draft_tree"):
             depth = plan.n if settings.mode != "fixed" else min(n_cap, inner.max_drafts)
             more = None
-            if settings.mode != "fixed" and hasattr(policy, "verify_time"):
-                vt, cap = policy.verify_time, settings.nodes
+            if vt is not None:
+                cap = settings.nodes
 
                 def more(t, newest):
                     scores = cal.calibrated(t)[0] if cal is not None else [n.score for n in t.nodes]
@@ -152,16 +160,17 @@ def tree_step(target, cache, drafter, policy, anchor: int, n_cap: int, sampling,
     step (the caller runs it). Updates the cache, the drafter, the policy and stats. cal: the
     generation's node-score calibration (scores rescaled before the budget, updated after)."""
     t0 = time.perf_counter()
-    tree, source, t_draft, forwards = draft_tree(drafter, policy, anchor, n_cap, sampling, rng, settings, cal)
+    vt = _costs(policy, settings)  # fixed for the step: the policy learns costs after the verify
+    tree, source, t_draft, forwards = draft_tree(drafter, policy, anchor, n_cap, sampling, rng, settings, cal, vt)
     if tree is None or len(tree) <= 1:
         return None
     cap = min(settings.nodes, len(tree) - 1)
     if cal is not None:
         cal.rescore(tree)
     ranked = tree.ranked()
-    if settings.mode != "fixed" and hasattr(policy, "verify_time"):
+    if vt is not None:
         # the drafting is paid for: keep the nodes whose verify rows pay (as truncating a chain)
-        cap = max(1, choose_budget([tree.nodes[i].score for i in ranked], policy.verify_time, 0.0, cap))
+        cap = max(1, choose_budget([tree.nodes[i].score for i in ranked], vt, 0.0, cap))
     tree = tree.select(cap, ranked)
     stats.draft_time += time.perf_counter() - t0
     tv = time.perf_counter()
@@ -216,6 +225,7 @@ def _record(stats, policy, tree: DraftTree, path: list, source: Source, t_draft:
             ok += 1
         if src is None:
             src = source if source.is_lookup else Source.LOOKUP
-        if key == "drafter" and forwards and getattr(policy, "chain", False):
-            policy.last_drafted = forwards  # a tree may stop growing before the plan's length
-        policy.observe(src, len(chain), ok, None, t_draft if key == "drafter" and forwards else None, None)
+        timed = key == "drafter" and forwards > 0
+        # a tree may stop growing before the plan's length: the draft time is per forward run
+        policy.observe(src, len(chain), ok, None, t_draft if timed else None, None,
+                       drafted=forwards if timed else None)
