@@ -154,8 +154,15 @@ def main(argv=None) -> int:
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, from: " + ", ".join(CONFIGS))
     p.add_argument("--print-trace", action="store_true", help="print the user messages and exit")
     p.add_argument("--replay", action="store_true", help="tau of each lookup with every proposal verified (no timing)")
+    p.add_argument("--drafts", default="8", help="--replay: the most drafts per proposal, comma-separated (e.g. 8,16,32)")
     p.add_argument("--out", default=None, help="write the JSON report here (else stdout)")
     a = p.parse_args(argv)
+    try:
+        a.drafts = [int(x) for x in a.drafts.split(",")]
+    except ValueError:
+        a.drafts = []
+    if not a.drafts or min(a.drafts) < 1:
+        raise SystemExit(f"agent_bench: --drafts {a.drafts!r}: give positive integers, comma-separated (e.g. 8,16,32)")
     users = make_trace(a.seed)
     if a.turns > len(users):
         raise SystemExit(f"agent_bench: --turns {a.turns}: the trace has {len(users)} turns")
@@ -229,14 +236,23 @@ def _replay(target, tok, users, a) -> int:
         out, _ = run_turn(target, tok, api.Speculator(), ids, a.max_tokens)
         convo.append((ids, out))
         msgs.append({"role": "assistant", "content": tok.decode([x for x in out if x not in api._eos_ids(tok)])})
-    lookups = {"prompt lookup": lambda: NgramIndex(2, 4)}
-    for alpha in (1.0, 4.0):
-        shared = SuffixIndex(api.SUFFIX_BUDGET)
-        lookups[f"suffix alpha {alpha:g}"] = lambda shared=shared, alpha=alpha: SuffixLookup(shared, alpha=alpha)
-    lookups["suffix alpha 4, no shared index"] = lambda: SuffixLookup(None, alpha=4.0)
-    report = {"command": "scripts/agent_bench.py " + " ".join(sys.argv[1:]), "drafts": 8,
-              "tau_every_draft_verified": {name: replay(convo, make) for name, make in lookups.items()}}
-    print(json.dumps(report, indent=1))
+    by_n = {}
+    for n in a.drafts:
+        lookups = {"prompt lookup": lambda: NgramIndex(2, 4)}
+        for alpha in (1.0, 4.0):  # a fresh shared index per length: it fills across the turns
+            shared = SuffixIndex(api.SUFFIX_BUDGET)
+            lookups[f"suffix alpha {alpha:g}"] = lambda shared=shared, alpha=alpha: SuffixLookup(shared, alpha=alpha)
+        lookups["suffix alpha 4, no shared index"] = lambda: SuffixLookup(None, alpha=4.0)
+        by_n[str(n)] = {name: replay(convo, make, n) for name, make in lookups.items()}
+    report = {"command": "scripts/agent_bench.py " + " ".join(sys.argv[1:]),
+              "date": time.strftime("%Y-%m-%d %H:%M"), "max_tokens": a.max_tokens,
+              "tau_every_draft_verified": by_n}
+    text = json.dumps(report, indent=1)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
     return 0
 
 
