@@ -26,6 +26,7 @@ def main() -> None:
     ap.add_argument("drafters", nargs="+", help="LABEL=PATH (a drafter export: HF directory or .gguf); the first is the baseline")
     ap.add_argument("--prompts", type=int, default=8, help="held-out prompts per category (at most 16 code, 16 prose, 8 chat)")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per held-out answer (1-1024)")
+    ap.add_argument("--model", default=None, help="the target (a name such as gemma3-270m, a .gguf or an MLX directory); default SmolLM2-135M")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     for spec in a.drafters:
@@ -50,8 +51,9 @@ def run(a) -> None:
     from mlxspec.targets.load import load_target
     from mlxspec.train.heldout import build_heldout, default_heldout_dir, frozen_for, heldout_tau, paired_difference
 
-    target, tok = load_target(None)
-    out, base = {"prompts": a.prompts, "max_tokens": a.max_tokens, "drafters": {}}, None
+    target, tok = load_target(a.model)
+    out, base = {"model": a.model or "smollm2-135m", "prompts": a.prompts, "max_tokens": a.max_tokens,
+                 "drafters": {}}, None
     for spec in a.drafters:
         label, _, path = spec.rpartition("=")
         label = label or path
