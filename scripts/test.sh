@@ -10,4 +10,4 @@ fi
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 lib=$(.venv/bin/python -m mlxspec.blas || true)
 if [[ -n "$lib" ]]; then export LD_PRELOAD="$lib${LD_PRELOAD:+ $LD_PRELOAD}"; fi
-exec .venv/bin/python -m pytest -q "$@"
+exec .venv/bin/python -m pytest -q --durations=25 "$@"  # the slowest 25 listed: the suite must stay under ~20 min

@@ -44,6 +44,42 @@ def peer_venv(name: str, pins) -> Path:
 
     key = hashlib.sha256(repr((sys.version_info[:3], tuple(pins))).encode()).hexdigest()[:12]
     return PEER_VENVS / f"{name}-{key}"
+
+
+def ensure_peer_venv(venv: Path, probe_code: str, installs: list[list[str]], uninstall: tuple = ()) -> str:
+    """The python of a peer venv that imports `probe_code`'s modules: reused when the probe
+    passes, else created and installed from PyPI (`installs`: pip argument lists, in order;
+    `uninstall`: packages removed after). Under a file lock, so parallel test workers (pytest -n)
+    wait for one install instead of clearing each other's venv. Skips only when pip cannot
+    install (no registry); a venv that installs but fails the probe is a failure."""
+    import fcntl
+    import subprocess
+    import sys
+
+    py = venv / "bin" / "python"
+    probe = [str(py), "-c", probe_code]
+
+    def ok() -> bool:
+        return py.exists() and subprocess.run(probe, capture_output=True).returncode == 0
+
+    if ok():
+        return str(py)
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    with open(venv.parent / f"{venv.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if ok():  # another worker made it while this one waited
+            return str(py)
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        for args in installs:
+            r = subprocess.run([str(py), "-m", "pip", "install", "-q", *args], capture_output=True, text=True,
+                               timeout=3600)
+            if r.returncode != 0:
+                pytest.skip(f"cannot install {' '.join(args)} into {venv}: {(r.stderr or r.stdout)[-300:]}")
+        if uninstall:
+            subprocess.run([str(py), "-m", "pip", "uninstall", "-q", "-y", *uninstall], capture_output=True)
+        r = subprocess.run(probe, capture_output=True, text=True)
+        assert r.returncode == 0, f"{venv}: installed, but `{probe_code}` fails: {r.stderr[-2000:]}"
+    return str(py)
 USER_CACHE = Path(os.environ.get("MLXSPEC_CACHE") or Path.home() / ".cache" / "mlxspec").expanduser()
 TEST_CACHE = Path(tempfile.mkdtemp(prefix="mlxspec-test-cache-"))
 os.environ["MLXSPEC_CACHE"] = str(TEST_CACHE)

@@ -31,7 +31,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import peer_venv
+from conftest import ensure_peer_venv, peer_venv
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlxspec import kernels
@@ -60,20 +60,8 @@ SCHEDULE = [2, 2, 3, 1, 4]  # new context rows before each call: anchors at posi
 def mlxvlm_python() -> str:
     if os.environ.get("MLXSPEC_MLXVLM_PYTHON"):
         return os.environ["MLXSPEC_MLXVLM_PYTHON"]
-    py = VENV / "bin" / "python"
-    probe = [str(py), "-c", "import mlx_vlm.speculative.drafters.dflash2"]
-    if py.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
-        return str(py)
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
-    steps = [[MLX, *DEPS], ["--no-deps", "mlx-vlm==0.7.10"]]
-    for args in steps:
-        r = subprocess.run([str(py), "-m", "pip", "install", "-q", *args], capture_output=True, text=True,
-                           timeout=3600)
-        if r.returncode != 0:
-            pytest.skip(f"cannot install {' '.join(args)} into {VENV}: {(r.stderr or r.stdout)[-300:]}")
-    r = subprocess.run(probe, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
-    return str(py)
+    return ensure_peer_venv(VENV, "import mlx_vlm.speculative.drafters.dflash2",
+                            [[MLX, *DEPS], ["--no-deps", "mlx-vlm==0.7.10"]])
 
 
 def dflash2_config(**kw) -> DrafterConfig:

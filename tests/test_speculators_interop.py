@@ -17,14 +17,13 @@ import io
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 import pytest
 
-from conftest import peer_venv
+from conftest import ensure_peer_venv, peer_venv
 
 from mlxspec.drafters.load import load_drafter, save_drafter
 from mlxspec.drafters.config import DrafterConfig
@@ -47,19 +46,10 @@ def speculators_python() -> str:
     test venv, created and installed from PyPI when absent (skips only when that fails)."""
     if os.environ.get("MLXSPEC_SPECULATORS_PYTHON"):
         return os.environ["MLXSPEC_SPECULATORS_PYTHON"]
-    py = VENV / "bin" / "python"
-    probe = [str(py), "-c", "import speculators, torch"]
-    if py.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
-        return str(py)
-    subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
-    r = subprocess.run([str(py), "-m", "pip", "install", "-q", *REQUIREMENTS], capture_output=True, text=True,
-                       timeout=3600)
     # speculators declares torchvision / torchaudio but never imports them; PyPI's builds of
     # them need a CUDA torch and break `import transformers` next to the CPU one
-    subprocess.run([str(py), "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio"], capture_output=True)
-    if r.returncode != 0 or subprocess.run(probe, capture_output=True).returncode != 0:
-        pytest.skip(f"cannot install {' '.join(REQUIREMENTS)} into {VENV}: {(r.stderr or r.stdout)[-300:]}")
-    return str(py)
+    return ensure_peer_venv(VENV, "import speculators, torch", [list(REQUIREMENTS)],
+                            uninstall=("torchvision", "torchaudio"))
 
 
 def _mlxspec_drafts(target, tok, path, prompt):
