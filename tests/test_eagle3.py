@@ -482,6 +482,14 @@ def test_sampled_draft_probs_are_the_drafters_own(llama):
     want = np.exp(z - z.max(-1, keepdims=True))
     np.testing.assert_allclose(q[:, np.asarray(d.d2t)], want / want.sum(-1, keepdims=True), atol=1e-5)
     assert all(q[i, t] > 0 for i, t in enumerate(out.tokens))
+    # sharpened (scripts/draft_temperature.py): drawn from, and verified against, q at 0.7 x 0.8
+    d.begin(ids, taps)
+    d.sharpen = 0.7
+    out = d.draft(5, 3, sp, np.random.default_rng(1))
+    z = np.asarray(out.logits) / (0.8 * 0.7)
+    want = np.exp(z - z.max(-1, keepdims=True))
+    np.testing.assert_allclose(np.asarray(out.probs)[:, np.asarray(d.d2t)], want / want.sum(-1, keepdims=True),
+                               atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- PR #122, for taps
