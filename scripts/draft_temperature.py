@@ -9,7 +9,8 @@ multiple of the request's (`engine.eagle3.DRAFT_SHARPEN`).
         --json docs/bench/draft-temperature-generate-fixed3.json
 
 Default (offline): on the held-out store (the target's greedy continuations of the held-out
-prompts, `mlxspec train --heldout-prompts 16 --heldout-tokens 128`), at every anchor of every
+prompts, `mlxspec train --heldout-prompts 16 --heldout-tokens 128`; --sampled: continuations
+sampled at the first --temps value, a store of their own), at every anchor of every
 continuation, the chance that the first draft is accepted, sum_x min(p(x), q(x)), with p the
 target's next-token distribution at temperature T and q the drafter's first draft at
 sharpen x T (plain T, top-k / top-p off). Exact, no sampling.
@@ -52,8 +53,11 @@ def offline(target, tok, path, a) -> dict:
     m.apply(lambda x: x.astype(mx.float32) if mx.issubdtype(x.dtype, mx.floating) else x)  # as the engine runs it
     fz = frozen_for_eagle3(target, m)
     taps = cfg.target_layer_ids
-    store = build_heldout(target, tok, taps, default_heldout_dir(target, taps, a.prompts, a.max_tokens),
-                          n_per_category=a.prompts, max_tokens=a.max_tokens)
+    d = default_heldout_dir(target, taps, a.prompts, a.max_tokens)
+    if a.sampled:  # the target's own sampled continuations at T, a store beside the greedy one
+        d = Path(str(d) + f"-sampled-T{a.temps[0]:g}")
+    store = build_heldout(target, tok, taps, d, n_per_category=a.prompts, max_tokens=a.max_tokens,
+                          temp=a.temps[0] if a.sampled else 0.0)
     d_ids = mx.array(fz["d_ids"])
     res = {}
     for T in a.temps:
@@ -124,6 +128,8 @@ def main() -> int:
     ap.add_argument("--prompts", type=int, default=16, help="held-out prompts per category (offline: 1-16)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--generate", action="store_true", help="end to end on held-out code prompts (module docstring)")
+    ap.add_argument("--sampled", action="store_true",
+                    help="offline: on the target's continuations sampled at the first --temps value, not greedy ones")
     ap.add_argument("--seeds", type=int, default=1, help="--generate: runs per prompt and sharpen value")
     ap.add_argument("--num-draft-tokens", type=int, default=None, help="--generate: the fixed policy at this length")
     ap.add_argument("--json", default=None)

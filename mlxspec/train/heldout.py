@@ -50,9 +50,10 @@ def default_heldout_dir(target, taps, n_per_category: int = 8, max_tokens: int =
 
 
 def build_heldout(target, tokenizer, taps, out: str | Path, n_per_category: int = 8, max_tokens: int = 64,
-                  categories=CATEGORIES) -> Path:
+                  categories=CATEGORIES, temp: float = 0.0, seed: int = 0) -> Path:
     """The target's greedy continuations of the held-out prompts -> out/<category>.npz, with
-    float32 taps, so `heldout_tau` replays exactly what the engine drafts."""
+    float32 taps, so `heldout_tau` replays exactly what the engine drafts. temp > 0: sampled
+    continuations instead (seed), for measures of sampled decoding (a store of its own)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     prompts = load_prompts()
@@ -62,7 +63,7 @@ def build_heldout(target, tokenizer, taps, out: str | Path, n_per_category: int 
             continue
         ids = [encode_prompt(tokenizer, cat, p) for p in prompts[cat][:n_per_category]]
         P = max(len(i) for i in ids)
-        rows = generate_windows(target, ids, taps, P + max_tokens + 1, 0.0, tokenizer.eos_token_ids, 0,
+        rows = generate_windows(target, ids, taps, P + max_tokens + 1, temp, tokenizer.eos_token_ids, seed,
                                 exact_taps=True)
         np.savez(f, **{k: np.stack([r[k] for r in rows]) for k in ("tokens", "taps", "start", "end")},
                  max_tokens=max_tokens)
