@@ -364,9 +364,9 @@ def test_verify_profile_is_keyed_by_the_blas_library_and_monotone(monkeypatch):
 
     target = tiny_llama(1)
     monkeypatch.setattr(profile, "_loaded_openblas_path", lambda: None)
-    netlib = profile._key(target, 9)
+    netlib = profile._key(target)
     monkeypatch.setattr(profile, "_loaded_openblas_path", lambda: "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0")
-    assert profile._key(target, 9) != netlib
+    assert profile._key(target) != netlib
     sps = profile.measure_verify_sps(target, 6, context=16, repeats=2)
     assert sorted(sps) == list(range(1, 7))
     assert all(sps[L + 1] <= sps[L] for L in range(1, 6))
@@ -435,3 +435,27 @@ def test_chain_draft_time_is_per_forward_run():
     pol.observe(Source.DRAFTER, 2, 1, None, 0.06, None, drafted=3)
     assert pol.draft_time[Source.DRAFTER] == pytest.approx(0.02)
     assert pol.last_drafted == 6  # the plan's record is left alone
+
+
+def test_verify_profile_measures_once_for_every_shorter_length(monkeypatch, tmp_path):
+    """The cached curve serves every verify length up to the longest measured (a drafter with
+    a shorter block reads its first lengths); a longer request measures the longer curve."""
+    from mlxspec.engine import profile
+    from test_engine import tiny_llama
+
+    monkeypatch.setenv("MLXSPEC_CACHE", str(tmp_path))
+    target = tiny_llama(1)
+    measured = []
+    real = profile.measure_verify_sps
+
+    def counted(t, max_len, **kw):
+        measured.append(max_len)
+        return real(t, max_len, context=16, repeats=1)
+
+    monkeypatch.setattr(profile, "measure_verify_sps", counted)
+    long = profile.verify_profile(target, 6)
+    short = profile.verify_profile(target, 3)
+    assert measured == [6] and short == {L: long[L] for L in (1, 2, 3)}
+    longer = profile.verify_profile(target, 9)
+    assert measured == [6, 9] and sorted(longer) == list(range(1, 10))
+    assert profile.verify_profile(target, 6) == {L: longer[L] for L in range(1, 7)} and measured == [6, 9]

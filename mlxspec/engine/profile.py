@@ -1,6 +1,8 @@
 """Verify-cost profile for the confidence scheduler: target steps/second per block length.
 
-Measured once per (model file, device) and cached as JSON under the mlxspec cache dir.
+Measured once per (model file, device, BLAS) and cached as JSON under the mlxspec cache dir,
+for the longest verify asked for so far: a shorter request reads the first lengths of it (a
+drafter switch does not measure again), a longer one measures the longer curve.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from mlxspec.cache import cache_dir
 from mlxspec.targets.model import Target, trim_cache
 
 
-def _key(target: Target, max_len: int) -> str:
+def _key(target: Target) -> str:
     src = target.info.source or "memory"
     st = os.stat(src) if os.path.exists(src) else None
     # the BLAS library is part of the machine: a profile measured under netlib's reference BLAS
@@ -26,8 +28,7 @@ def _key(target: Target, max_len: int) -> str:
     from mlxspec.cpu_gemm import profile_key
 
     blas = (_loaded_openblas_path() or "no-openblas") + profile_key()
-    ident = (f"v4|{src}|{st.st_size if st else 0}|{st.st_mtime if st else 0}|{mx.default_device()}|{platform.node()}"
-             f"|{blas}|{max_len}")
+    ident = f"v5|{src}|{st.st_size if st else 0}|{st.st_mtime if st else 0}|{mx.default_device()}|{platform.node()}|{blas}"
     return hashlib.sha1(ident.encode()).hexdigest()[:16]
 
 
@@ -62,10 +63,16 @@ def measure_verify_sps(target: Target, max_len: int, context: int = 128, repeats
 
 
 def verify_profile(target: Target, max_len: int) -> dict[int, float]:
-    path = cache_dir() / "profiles" / f"{_key(target, max_len)}.json"
+    """Steps/second per verify length 1..max_len: the cached curve's first lengths when it is
+    long enough, else measured (and cached in its place)."""
+    path = cache_dir() / "profiles" / f"{_key(target)}.json"
     if path.exists():
-        return {int(k): v for k, v in json.loads(path.read_text()).items()}
+        sps = {int(k): v for k, v in json.loads(path.read_text()).items()}
+        if max(sps, default=0) >= max_len:
+            return {L: sps[L] for L in range(1, max_len + 1)}
     sps = measure_verify_sps(target, max_len)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(sps))
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(sps))
+    os.replace(tmp, path)  # whole or absent, for a process reading it at the same time
     return sps
