@@ -157,21 +157,22 @@ def main(argv=None) -> int:
     p.add_argument("--drafts", default="8", help="--replay: the most drafts per proposal, comma-separated (e.g. 8,16,32)")
     p.add_argument("--out", default=None, help="write the JSON report here (else stdout)")
     a = p.parse_args(argv)
+    raw = a.drafts
     try:
-        a.drafts = [int(x) for x in a.drafts.split(",")]
+        a.drafts = [int(x) for x in raw.split(",")]
     except ValueError:
         a.drafts = []
     if not a.drafts or min(a.drafts) < 1:
-        raise SystemExit(f"agent_bench: --drafts {a.drafts!r}: give positive integers, comma-separated (e.g. 8,16,32)")
+        p.error(f"--drafts {raw!r}: give positive integers, comma-separated (e.g. 8,16,32)")
     users = make_trace(a.seed)
     if a.turns > len(users):
-        raise SystemExit(f"agent_bench: --turns {a.turns}: the trace has {len(users)} turns")
+        p.error(f"--turns {a.turns}: the trace has {len(users)} turns")
     if a.print_trace:
         print("\n\n-----\n\n".join(("(new session)\n" if fresh else "") + u for u, fresh in users[: a.turns]))
         return 0
     names = [n.strip() for n in a.configs.split(",") if n.strip()]
     if "AR" not in names or any(n not in CONFIGS for n in names):
-        raise SystemExit(f"agent_bench: --configs must include AR and name only {', '.join(CONFIGS)}")
+        p.error(f"--configs must include AR and name only {', '.join(CONFIGS)}")
     target, tok, _ = api.load(draft="none")
     if a.replay:
         return _replay(target, tok, users[: a.turns], a)
@@ -218,13 +219,18 @@ def main(argv=None) -> int:
         "overall_x_ar": {n: round(totals[n][0] / totals[n][1] / ar_rate, 3) for n in names},
         "greedy_equal_ar": all(c["equal_ar"] for r in turns for c in r["configs"].values()),
     }
+    _emit(report, a.out)
+    return 0
+
+
+def _emit(report: dict, out: str | None) -> None:
+    """The JSON report to `out`, else to stdout."""
     text = json.dumps(report, indent=1)
-    if a.out:
-        with open(a.out, "w") as f:
+    if out:
+        with open(out, "w") as f:
             f.write(text + "\n")
     else:
         print(text)
-    return 0
 
 
 def _replay(target, tok, users, a) -> int:
@@ -247,12 +253,7 @@ def _replay(target, tok, users, a) -> int:
     report = {"command": "scripts/agent_bench.py " + " ".join(sys.argv[1:]),
               "date": time.strftime("%Y-%m-%d %H:%M"), "max_tokens": a.max_tokens,
               "tau_every_draft_verified": by_n}
-    text = json.dumps(report, indent=1)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(text + "\n")
-    else:
-        print(text)
+    _emit(report, a.out)
     return 0
 
 

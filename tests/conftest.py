@@ -80,6 +80,8 @@ def ensure_peer_venv(venv: Path, probe_code: str, installs: list[list[str]], uni
         r = subprocess.run(probe, capture_output=True, text=True)
         assert r.returncode == 0, f"{venv}: installed, but `{probe_code}` fails: {r.stderr[-2000:]}"
     return str(py)
+
+
 USER_CACHE = Path(os.environ.get("MLXSPEC_CACHE") or Path.home() / ".cache" / "mlxspec").expanduser()
 TEST_CACHE = Path(tempfile.mkdtemp(prefix="mlxspec-test-cache-"))
 os.environ["MLXSPEC_CACHE"] = str(TEST_CACHE)

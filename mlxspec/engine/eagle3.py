@@ -35,10 +35,10 @@ from mlxspec.drafters.eagle3 import Eagle3Config, Eagle3Model, KVCache, causal_m
 from mlxspec.engine.drafting import DraftOutput, scatter_draft
 from mlxspec.engine.tree import SIBLING_DECAY, DraftTree, top_candidates, top_weights
 from mlxspec.engine.verify import SamplingParams, probs_from_logits, sample_token
-
-DRAFT_SHARPEN = 1.0  # sampled drafts: the drafter's temperature over the request's (module docstring)
 from mlxspec.targets.load import default_dense
 from mlxspec.targets.model import Target, target_head_rows
+
+DRAFT_SHARPEN = 1.0  # sampled drafts: the drafter's temperature over the request's (module docstring)
 
 
 class Eagle3Drafter:

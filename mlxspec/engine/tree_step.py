@@ -76,13 +76,11 @@ def _costs(policy, settings: TreeSettings) -> list[float] | None:
 
 
 def draft_tree(drafter, policy, anchor: int, n_cap: int, sampling, rng, settings: TreeSettings,
-               cal: TreeCalibration | None = None, vt: list[float] | None = None):
+               cal: TreeCalibration | None, vt: list[float] | None):
     """-> (tree before selection or None for an autoregressive step, plan source, draft seconds,
     drafter forwards). A chain drafter's tree grows while its newest depth would be verified
     (the budget chosen by the verify costs `vt`, scores calibrated by `cal`), at most the plan's
-    length deep. vt: `_costs(policy, settings)`, computed here when not given."""
-    if vt is None:
-        vt = _costs(policy, settings)
+    length deep. vt: `_costs(policy, settings)` (None: a fixed tree, grown to full depth)."""
     model_drafts, has_lookup = proposals(drafter)
     conts, match = [], 0
     if has_lookup and hasattr(drafter, "index"):
