@@ -24,6 +24,7 @@ per sharpen value in rotating order, with the same seeds: tau (accepted tokens p
 import argparse
 import io
 import json
+import math
 import statistics
 import sys
 import time
@@ -35,7 +36,7 @@ def floats(text: str) -> list[float]:
         out = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         out = []
-    if not out or min(out) <= 0:
+    if not out or not all(math.isfinite(x) and x > 0 for x in out):
         raise argparse.ArgumentTypeError(f"{text!r}: give positive numbers, comma-separated (e.g. 0.7,1.0)")
     return out
 
@@ -112,10 +113,9 @@ def generate(target, tok, path, a) -> dict:
         res[str(T)] = {}
         for s, rs in runs.items():
             made, fw = sum(r[0] for r in rs), sum(r[1] for r in rs)
-            res[str(T)][str(s)] = {"tau": round(made / max(fw, 1), 3),
-                                   "tok_s_median": round(statistics.median(r[2] for r in rs), 2)}
-            print(f"T={T} sharpen {s}: tau {made / max(fw, 1):.3f}, median {res[str(T)][str(s)]['tok_s_median']} tok/s",
-                  flush=True)
+            row = res[str(T)][str(s)] = {"tau": round(made / max(fw, 1), 3),
+                                         "tok_s_median": round(statistics.median(r[2] for r in rs), 2)}
+            print(f"T={T} sharpen {s}: tau {row['tau']:.3f}, median {row['tok_s_median']} tok/s", flush=True)
     return {"code_prompts": a.prompts, "seeds": a.seeds, "max_tokens": a.max_tokens,
             "policy": f"fixed, {a.num_draft_tokens} drafts" if a.num_draft_tokens else "adaptive", "generate": res}
 
@@ -136,6 +136,8 @@ def main() -> int:
     a = ap.parse_args()
     if not 1 <= a.prompts <= 16 or not 1 <= a.max_tokens <= 1024:
         ap.error(f"--prompts {a.prompts} --max-tokens {a.max_tokens}: prompts must be 1-16, max tokens 1-1024")
+    if a.seeds < 1 or (a.num_draft_tokens is not None and a.num_draft_tokens < 1):
+        ap.error(f"--seeds {a.seeds} --num-draft-tokens {a.num_draft_tokens}: both must be at least 1")
     if not Path(a.draft).exists():
         ap.error(f"--draft {a.draft}: no drafter export there")
 

@@ -571,3 +571,25 @@ def test_heldout_store_per_prompt_count_and_length():
     assert d.name == "SmolLM2-135M-Instruct.Q4_1-t1_8_15_22_28-f32" and d.parent.name == "heldout"
     assert default_heldout_dir(t, [1, 8, 15, 22, 28], 8, 64) == d
     assert default_heldout_dir(t, [1, 8, 15, 22, 28], 16, 128).name == "SmolLM2-135M-Instruct.Q4_1-t1_8_15_22_28-n16-m128-f32"
+
+
+def test_heldout_store_refuses_a_store_made_at_another_temperature(smollm2, tmp_path):
+    """A sampled held-out store (`build_heldout(temp=)`, scripts/draft_temperature.py --sampled)
+    and a greedy one never stand in for each other: reusing a directory at another temperature
+    or seed is refused in one line naming both; the same settings reuse it."""
+    from mlxspec.errors import MlxspecError
+    from mlxspec.train.heldout import build_heldout
+
+    target, tok = smollm2
+    kw = dict(n_per_category=1, max_tokens=4, categories=("chat",))
+    build_heldout(target, tok, [1, 14], tmp_path / "greedy", **kw)
+    before = (tmp_path / "greedy" / "chat.npz").stat().st_mtime_ns
+    build_heldout(target, tok, [1, 14], tmp_path / "greedy", **kw)  # reused, not rebuilt
+    assert (tmp_path / "greedy" / "chat.npz").stat().st_mtime_ns == before
+    with pytest.raises(MlxspecError, match=r"made at temperature 0 \(seed 0\), asked for 1 \(seed 0\)"):
+        build_heldout(target, tok, [1, 14], tmp_path / "greedy", temp=1.0, **kw)
+    build_heldout(target, tok, [1, 14], tmp_path / "t1", temp=1.0, seed=3, **kw)
+    with pytest.raises(MlxspecError, match=r"made at temperature 1 \(seed 3\), asked for 1 \(seed 4\)"):
+        build_heldout(target, tok, [1, 14], tmp_path / "t1", temp=1.0, seed=4, **kw)
+    with pytest.raises(MlxspecError, match="asked for 0"):
+        build_heldout(target, tok, [1, 14], tmp_path / "t1", **kw)

@@ -21,6 +21,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from mlxspec.errors import MlxspecError
 from mlxspec.prompts import encode_prompt, load_prompts
 from mlxspec.train.blocks import block_logits, draft_choice
 from mlxspec.train.regen import generate_windows
@@ -60,13 +61,18 @@ def build_heldout(target, tokenizer, taps, out: str | Path, n_per_category: int 
     for cat in categories:
         f = out / f"{cat}.npz"
         if f.exists():
+            with np.load(f) as z:  # stores written before `temp` existed are greedy
+                made = (float(z["temp"]) if "temp" in z.files else 0.0, int(z["seed"]) if "seed" in z.files else 0)
+            if made[0] != temp or (temp > 0 and made[1] != seed):
+                raise MlxspecError(f"{f}: held-out store made at temperature {made[0]:g} (seed {made[1]}), asked "
+                                   f"for {temp:g} (seed {seed}); pass another directory or delete this one")
             continue
         ids = [encode_prompt(tokenizer, cat, p) for p in prompts[cat][:n_per_category]]
         P = max(len(i) for i in ids)
         rows = generate_windows(target, ids, taps, P + max_tokens + 1, temp, tokenizer.eos_token_ids, seed,
                                 exact_taps=True)
         np.savez(f, **{k: np.stack([r[k] for r in rows]) for k in ("tokens", "taps", "start", "end")},
-                 max_tokens=max_tokens)
+                 max_tokens=max_tokens, temp=temp, seed=seed)
     return out
 
 
