@@ -593,3 +593,44 @@ def test_heldout_store_refuses_a_store_made_at_another_temperature(smollm2, tmp_
         build_heldout(target, tok, [1, 14], tmp_path / "t1", temp=1.0, seed=4, **kw)
     with pytest.raises(MlxspecError, match="asked for 0"):
         build_heldout(target, tok, [1, 14], tmp_path / "t1", **kw)
+
+
+def test_regen_temps_make_one_chat_and_one_continuation_kind_each(smollm2):
+    """--regen-temps: each temperature is a chat and a continuation kind; the default keeps the
+    stores' order (chat-t0, chat-t0.7, cont-t0, cont-t0.7) and their prompt pools, so stores
+    prepared before resume; the pools of a three-temperature store are disjoint and dealt in
+    turn (chat prompts: from the same question list)."""
+    from mlxspec.train.regen import KINDS, kinds_for, plan_items
+
+    _, tok = smollm2
+    assert KINDS == ("chat-t0", "chat-t0.7", "cont-t0", "cont-t0.7") == kinds_for((0, 0.7))
+    assert kinds_for([1.0]) == ("chat-t1", "cont-t1")
+    two = plan_items(tok, 64, kinds=KINDS)
+    three = plan_items(tok, 96, kinds=kinds_for([0, 0.7, 1]))
+    assert set(three) == {"chat-t0", "chat-t0.7", "chat-t1", "cont-t0", "cont-t0.7", "cont-t1"}
+    for kind in ("chat", "cont"):
+        pools = [three[f"{kind}-t{t}"] for t in ("0", "0.7", "1")]
+        assert min(map(len, pools)) >= 96 // 6
+        ids = [tuple(p[1]) for pool in pools for p in pool]
+        assert len(ids) == len(set(ids))  # no prompt answered at two temperatures
+        if kind == "cont":
+            continue  # corpus prefixes are sampled for the total asked, so only disjointness holds
+        merged = [None] * sum(map(len, pools))
+        for i, pool in enumerate(pools):
+            merged[i::3] = pool
+        dealt = [None] * (len(two[f"{kind}-t0"]) + len(two[f"{kind}-t0.7"]))
+        dealt[0::2], dealt[1::2] = two[f"{kind}-t0"], two[f"{kind}-t0.7"]
+        n = min(len(merged), len(dealt))
+        assert [p[1] for p in merged[:n]] == [p[1] for p in dealt[:n]]  # the same prompts, dealt in turn
+
+
+@pytest.mark.parametrize("temps,msg", [("1,x", "expects comma-separated temperatures"),
+                                       ("2.5", "out of range"), ("nan", "out of range"), ("1,1.0", "repeats")])
+def test_bad_regen_temps_are_one_line(tmp_path, capsys, temps, msg):
+    """--regen-temps is checked where it enters: one line naming the value, exit 2, no target loaded."""
+    from mlxspec.cli import main
+
+    rc = main(["train", "--out", str(tmp_path / "o"), "--data-mode", "regen", "--regen-temps", temps, "--prepare-only"])
+    err = capsys.readouterr().err
+    assert rc == 2 and msg in err and "--regen-temps" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

@@ -15,7 +15,7 @@ from mlxspec.targets.load import load_target
 from mlxspec.train.data import DEFAULT_SOURCES, prepare_generated_shards, prepare_shards
 from mlxspec.train.export import export_all
 from mlxspec.train.heldout import build_heldout, default_heldout_dir, target_name
-from mlxspec.train.regen import prepare_regen_store
+from mlxspec.train.regen import TEMPS, kinds_for, prepare_regen_store
 from mlxspec.train.batches import parse_data_mix
 from mlxspec.train.config import TrainConfig
 from mlxspec.train.trainer import train
@@ -66,6 +66,9 @@ def add_train_args(p):
                         "store read in order, each window once per pass (what --online does)")
     p.add_argument("--regen-windows", type=int, default=2048,
                    help="regen mode: answers to collect (one window of --seq-len tokens each)")
+    p.add_argument("--regen-temps", default="0,0.7",
+                   help="regen mode: the answer temperatures, comma-separated; each makes a chat and a "
+                        "continuation kind, drawn in equal parts (default 0,0.7)")
     p.add_argument("--data-seconds", type=float, default=None,
                    help="corpus mode: stop preparing data after this many seconds (rerun to resume)")
     p.add_argument("--data-batch", type=int, default=None,
@@ -152,6 +155,16 @@ def check_taps(taps: list[int], n_layers: int) -> None:
                            f"pass layer numbers below {last}")
 
 
+def _parse_temps(s: str) -> list[float]:
+    """--regen-temps "0,0.7" -> [0.0, 0.7], checked by `kinds_for` (range, repeats)."""
+    try:
+        temps = [float(x) for x in str(s).split(",")]
+    except ValueError:
+        raise MlxspecError(f"--regen-temps expects comma-separated temperatures like 0,0.7, got {s!r}") from None
+    kinds_for(temps)
+    return temps
+
+
 def _parse_kv(s: str) -> dict:
     out = {}
     for part in s.split(","):
@@ -186,6 +199,10 @@ def check_train_args(a) -> None:
         raise MlxspecError(f"--prefix-len {a.prefix_len} applies to --data-mode generated only ({mode} windows have "
                            "no corpus prefix); drop --prefix-len or pass --data-mode generated")
     check_int_arg("--regen-windows", a.regen_windows, 1)
+    a.regen_temps = _parse_temps(a.regen_temps)
+    if a.data_mode != "regen" and a.regen_temps != list(TEMPS):
+        raise MlxspecError(f"--regen-temps applies to --data-mode regen (the target answers prompts there); drop it "
+                           f"for --data-mode {a.data_mode}")
     check_int_arg("--heldout-every", a.heldout_every, 0)
     check_int_arg("--heldout-prompts", a.heldout_prompts, 1, 16)
     check_int_arg("--heldout-tokens", a.heldout_tokens, 1, 1024)  # each answer is generated whole, with taps
@@ -284,7 +301,7 @@ def cmd_train(a) -> int:
     elif a.data_mode == "regen":
         with writing("--data", data):
             prepare_regen_store(target, tok, data, taps, a.seq_len, windows=a.regen_windows, batch=a.data_batch or 64,
-                                seed=a.seed, max_seconds=a.data_seconds)
+                                seed=a.seed, max_seconds=a.data_seconds, temps=a.regen_temps)
     elif a.data_mode == "corpus":
         stored = data / "meta.json"
         if stored.exists() and a.tokens is None:

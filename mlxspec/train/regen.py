@@ -12,7 +12,7 @@ that for mlxspec, from the training split of the corpus only (`mlxspec.corpus`):
 - continuations: 64-token corpus prefixes (code, prose), which is what the held-out
   code/prose prompts are.
 
-The target answers each prompt greedily or at T=0.7 (one batched, left-padded decode;
+The target answers each prompt greedily or at T=0.7 (`--regen-temps`; one batched, left-padded decode;
 mlx-lm's batch caches), and the taps and top-k are taken *during* generation, so no
 second prefill is needed. Each answer becomes one window of `seq_len` tokens, shifted so
 its first real token is at row 0, with `start` (first response token) and `end` (one past
@@ -43,7 +43,24 @@ from mlxspec.train.data import TOPK, _write_json_atomic, next_token_topk, taps_t
 
 REGEN_FORMAT = "mlxspec-regen-1"
 REGEN_ARRAYS = ("tokens", "category", "taps", "topk_ids", "topk_probs", "start", "end", "source")
-KINDS = ("chat-t0", "chat-t0.7", "cont-t0", "cont-t0.7")
+TEMPS = (0.0, 0.7)  # the default answer temperatures
+MAX_TEMP = 2.0
+
+
+def kinds_for(temps=TEMPS) -> tuple[str, ...]:
+    """The store's window kinds for these answer temperatures: chat answers, then continuations."""
+    if not temps:
+        raise MlxspecError("--regen-temps: pass at least one temperature, e.g. 0,0.7")
+    for t in temps:
+        if not isinstance(t, (int, float)) or isinstance(t, bool) or not 0.0 <= float(t) <= MAX_TEMP:
+            raise MlxspecError(f"--regen-temps {t!r} is out of range: pass temperatures in [0, {MAX_TEMP:g}]")
+    tags = [f"{float(t):g}" for t in temps]
+    if len(set(tags)) != len(tags):
+        raise MlxspecError(f"--regen-temps {','.join(tags)}: repeats a temperature; pass each once")
+    return tuple(f"chat-t{t}" for t in tags) + tuple(f"cont-t{t}" for t in tags)
+
+
+KINDS = kinds_for(TEMPS)  # ("chat-t0", "chat-t0.7", "cont-t0", "cont-t0.7")
 QUESTIONS = 2  # the chat question set: 1 = code and prose questions; 2 = plus conversational ones (chat-gen)
 _ROLE = re.compile(r":[\w:-]+:`~?([^`<]+?)(?: <[^>]*>)?`")  # :func:`x` / :class:`~a.b` -> x
 
@@ -217,37 +234,44 @@ def generate_windows(target, prompts: list[list[int]], taps, seq_len: int, temp:
     return rows
 
 
-def plan_items(tokenizer, n_windows: int, prefix_len: int = 64, seed: int = 0, max_prompt: int = 96):
-    """The store's fixed order of (kind, category, prompt ids), cycling through KINDS."""
-    per = n_windows // len(KINDS) + 1
+def plan_items(tokenizer, n_windows: int, prefix_len: int = 64, seed: int = 0, max_prompt: int = 96,
+               kinds: tuple[str, ...] = KINDS):
+    """The prompt pool of each kind (`kinds_for`): chat prompts and corpus prefixes dealt in turn."""
+    chat_kinds = [k for k in kinds if k.startswith("chat-")]
+    cont_kinds = [k for k in kinds if k.startswith("cont-")]
+    per = n_windows // len(kinds) + 1
     qs = chat_questions(seed)
     chat = []
     for cat, q in qs:
         ids = encode_prompt(tokenizer, "chat", q)
         if len(ids) <= max_prompt:
             chat.append((cat, ids))
-        if len(chat) >= 2 * per:
+        if len(chat) >= len(chat_kinds) * per:
             break
-    cont = corpus_prefixes(tokenizer, prefix_len, 2 * per, seed)
+    cont = corpus_prefixes(tokenizer, prefix_len, len(cont_kinds) * per, seed)
     if not chat or not cont:
         raise MlxspecError("the training corpus gave no chat prompts or no prefixes; check the corpus sources "
                            "(scripts/setup.sh installs python3.11-doc)")
-    pools = {"chat-t0": chat[0::2], "chat-t0.7": chat[1::2], "cont-t0": cont[0::2], "cont-t0.7": cont[1::2]}
+    pools = {k: chat[i::len(chat_kinds)] for i, k in enumerate(chat_kinds)}
+    pools.update({k: cont[i::len(cont_kinds)] for i, k in enumerate(cont_kinds)})
     return pools
 
 
 def prepare_regen_store(target, tokenizer, out_dir, taps: list[int], seq_len: int = 256, windows: int = 2048,
-                        batch: int = 32, seed: int = 0, max_seconds: float | None = None) -> Path:
+                        batch: int = 32, seed: int = 0, max_seconds: float | None = None,
+                        temps=TEMPS) -> Path:
     """Stream the target's own answers into a resumable store (module docstring).
 
-    Batches cycle through KINDS (chat greedy, chat T=0.7, continuation greedy, continuation
-    T=0.7), so any prefix of the store holds all four in equal parts. Prompts in a batch are
+    Batches cycle through the kinds of `temps` (by default chat greedy, chat T=0.7,
+    continuation greedy, continuation T=0.7), so any prefix of the store holds all of them
+    in equal parts. Prompts in a batch are
     of similar length (sorted within a pool chunk) to keep left padding small."""
+    kinds = kinds_for(temps)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     windows = (windows // batch) * batch or batch
     settings = {"format": REGEN_FORMAT, "taps": list(taps), "seq_len": seq_len, "topk": TOPK, "windows": windows,
-                "batch": batch, "seed": seed, "model": str(getattr(target.info, "source", "")), "kinds": list(KINDS),
+                "batch": batch, "seed": seed, "model": str(getattr(target.info, "source", "")), "kinds": list(kinds),
                 "questions": QUESTIONS}
     meta_p, prog_p = out / "meta.json", out / "progress.json"
     if meta_p.exists():
@@ -272,16 +296,16 @@ def prepare_regen_store(target, tokenizer, out_dir, taps: list[int], seq_len: in
     prog = json.loads(prog_p.read_text())
     done, spent, ntok = int(prog["done"]), float(prog["seconds"]), int(prog.get("tokens", 0))
     mm = {k: np.load(out / f"{k}.npy", mmap_mode="r+") for k in REGEN_ARRAYS}
-    pools = plan_items(tokenizer, windows, seed=seed)
+    pools = plan_items(tokenizer, windows, seed=seed, kinds=kinds)
     eos = tokenizer.eos_token_ids
     bar = tqdm(total=windows, initial=done, unit="win", desc="target answers", disable=None, smoothing=0.1)
     t_start = time.time()
     while done < windows:
         t0 = time.time()
         bi = done // batch
-        kind = KINDS[bi % len(KINDS)]
+        kind = kinds[bi % len(kinds)]
         pool = pools[kind]
-        j = (bi // len(KINDS)) * batch
+        j = (bi // len(kinds)) * batch
         chunk = [pool[(j + i) % len(pool)] for i in range(batch)]
         chunk.sort(key=lambda c: len(c[1]))
         temp = float(kind.split("-t")[1])
