@@ -439,7 +439,9 @@ def test_chain_draft_time_is_per_forward_run():
 
 def test_verify_profile_measures_once_for_every_shorter_length(monkeypatch, tmp_path):
     """The cached curve serves every verify length up to the longest measured (a drafter with
-    a shorter block reads its first lengths); a longer request measures the longer curve."""
+    a shorter block reads its first lengths); the first curve spans at least MIN_LEN (17: the
+    default drafter's and lookup's longest verify), so a short chain asked for first does not
+    make the default measure again; a longer request measures the longer curve."""
     from mlxspec.engine import profile
     from test_engine import tiny_llama
 
@@ -453,9 +455,12 @@ def test_verify_profile_measures_once_for_every_shorter_length(monkeypatch, tmp_
         return real(t, max_len, context=16, repeats=1)
 
     monkeypatch.setattr(profile, "measure_verify_sps", counted)
-    long = profile.verify_profile(target, 6)
+    assert profile.MIN_LEN == 17
+    chain = profile.verify_profile(target, 9)  # an EAGLE-3 chain of 8, asked for first
+    default = profile.verify_profile(target, 17)
     short = profile.verify_profile(target, 3)
-    assert measured == [6] and short == {L: long[L] for L in (1, 2, 3)}
-    longer = profile.verify_profile(target, 9)
-    assert measured == [6, 9] and sorted(longer) == list(range(1, 10))
-    assert profile.verify_profile(target, 6) == {L: longer[L] for L in range(1, 7)} and measured == [6, 9]
+    assert measured == [17] and sorted(chain) == list(range(1, 10)) and sorted(default) == list(range(1, 18))
+    assert chain == {L: default[L] for L in range(1, 10)} and short == {L: default[L] for L in (1, 2, 3)}
+    longer = profile.verify_profile(target, 20)
+    assert measured == [17, 20] and sorted(longer) == list(range(1, 21))
+    assert profile.verify_profile(target, 17) == {L: longer[L] for L in range(1, 18)} and measured == [17, 20]

@@ -2,7 +2,10 @@
 
 Measured once per (model file, device, BLAS) and cached as JSON under the mlxspec cache dir,
 for the longest verify asked for so far: a shorter request reads the first lengths of it (a
-drafter switch does not measure again), a longer one measures the longer curve.
+drafter switch does not measure again), a longer one measures the longer curve. The first
+curve measured spans at least MIN_LEN lengths, the longest verify of the default drafter and of
+prompt lookup, so a short chain asked for first (an EAGLE-3 chain of 8) does not make the next
+default run measure all over again.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ import mlx.core as mx
 
 from mlxspec.blas import _loaded_openblas_path
 from mlxspec.cache import cache_dir
+from mlxspec.engine.ngram import LOOKUP_MAX
 from mlxspec.targets.model import Target, trim_cache
+
+MIN_LEN = LOOKUP_MAX + 1  # 17: lookup's longest verify, and a DSpark block of 16 drafts plus its anchor
 
 
 def _key(target: Target) -> str:
@@ -70,9 +76,9 @@ def verify_profile(target: Target, max_len: int) -> dict[int, float]:
         sps = {int(k): v for k, v in json.loads(path.read_text()).items()}
         if max(sps, default=0) >= max_len:
             return {L: sps[L] for L in range(1, max_len + 1)}
-    sps = measure_verify_sps(target, max_len)
+    sps = measure_verify_sps(target, max(max_len, MIN_LEN))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f".{os.getpid()}.tmp")
     tmp.write_text(json.dumps(sps))
     os.replace(tmp, path)  # whole or absent, for a process reading it at the same time
-    return sps
+    return {L: sps[L] for L in range(1, max_len + 1)}
