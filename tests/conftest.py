@@ -82,7 +82,12 @@ def ensure_peer_venv(venv: Path, probe_code: str, installs: list[list[str]], uni
     return str(py)
 
 
-USER_CACHE = Path(os.environ.get("MLXSPEC_CACHE") or Path.home() / ".cache" / "mlxspec").expanduser()
+# the cache the run started with (only read). A pytest-xdist worker imports this file again with
+# the controller's temporary MLXSPEC_CACHE already set, so the original travels in a variable of
+# its own, or a worker would take the controller's temporary cache for the user's
+USER_CACHE = Path(os.environ.get("MLXSPEC_TEST_USER_CACHE") or os.environ.get("MLXSPEC_CACHE")
+                  or Path.home() / ".cache" / "mlxspec").expanduser()
+os.environ["MLXSPEC_TEST_USER_CACHE"] = str(USER_CACHE)
 TEST_CACHE = Path(tempfile.mkdtemp(prefix="mlxspec-test-cache-"))
 os.environ["MLXSPEC_CACHE"] = str(TEST_CACHE)
 atexit.register(shutil.rmtree, TEST_CACHE, True)
