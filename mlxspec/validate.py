@@ -183,6 +183,18 @@ def check_float_arg(name: str, v, lo: float | None = None, hi: float | None = No
     return float(v)
 
 
+def parse_float_list(name: str, text, example: str) -> list[float]:
+    """A flag holding comma-separated numbers ("0,0.7") -> finite floats; empty entries are
+    skipped, an empty list or a word or NaN is one line naming the flag and an example."""
+    try:
+        out = [float(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        out = None
+    if not out or not all(math.isfinite(x) for x in out):
+        raise MlxspecError(f"{name} {str(text)!r}: expected comma-separated numbers, e.g. {example}")
+    return out
+
+
 def check_sampling_args(max_tokens, temp, top_p, top_k, seed) -> None:
     """The generation arguments shared by the CLI and the API."""
     check_int_arg("max_tokens (--max-tokens)", max_tokens, 1)

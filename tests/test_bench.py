@@ -90,6 +90,7 @@ def test_bench_tiny_run(drafter_dir, tmp_path, capsys):
     (["--draft", "/nonexistent/drafter"], "--draft /nonexistent/drafter: no such file or directory"),
     (["--draft-simple", "/nonexistent/model"], "--draft-simple /nonexistent/model: no such file or directory"),
     (["--temps", "0,hot"], "--temps '0,hot': expected comma-separated numbers"),
+    (["--temps", "0,nan"], "--temps '0,nan': expected comma-separated numbers, e.g. 0,1"),
     (["--categories", "code,poetry"], "--categories: unknown category 'poetry'"),
     (["--prompts-per-category", "99"], "--prompts-per-category 99: the code set has only"),
     (["--max-tokens", "1"], "--max-tokens 1: tokens/s needs at least 2 tokens"),

@@ -606,6 +606,16 @@ def test_regen_temps_make_one_chat_and_one_continuation_kind_each(smollm2):
     assert KINDS == ("chat-t0", "chat-t0.7", "cont-t0", "cont-t0.7") == kinds_for((0, 0.7))
     assert kinds_for([1.0]) == ("chat-t1", "cont-t1")
     two = plan_items(tok, 64, kinds=KINDS)
+    # the default pools are the split stores were prepared with before --regen-temps existed:
+    # the chat prompts that fit and the corpus prefixes, each dealt alternately to greedy and T=0.7
+    from mlxspec.train.regen import chat_questions, corpus_prefixes, encode_prompt
+
+    per = 64 // 4 + 1
+    chat = [(c, ids) for c, q in chat_questions(0) for ids in [encode_prompt(tok, "chat", q)] if len(ids) <= 96]
+    chat, cont = chat[:2 * per], corpus_prefixes(tok, 64, 2 * per, 0)
+    old = {"chat-t0": chat[0::2], "chat-t0.7": chat[1::2], "cont-t0": cont[0::2], "cont-t0.7": cont[1::2]}
+    assert {k: [(c, list(ids)) for c, ids in v] for k, v in two.items()} == \
+        {k: [(c, list(ids)) for c, ids in v] for k, v in old.items()}
     three = plan_items(tok, 96, kinds=kinds_for([0, 0.7, 1]))
     assert set(three) == {"chat-t0", "chat-t0.7", "chat-t1", "cont-t0", "cont-t0.7", "cont-t1"}
     for kind in ("chat", "cont"):
@@ -624,8 +634,10 @@ def test_regen_temps_make_one_chat_and_one_continuation_kind_each(smollm2):
         assert [p[1] for p in merged[:n]] == [p[1] for p in dealt[:n]]  # the same prompts, dealt in turn
 
 
-@pytest.mark.parametrize("temps,msg", [("1,x", "expects comma-separated temperatures"),
-                                       ("2.5", "out of range"), ("nan", "out of range"), ("1,1.0", "repeats")])
+@pytest.mark.parametrize("temps,msg", [("1,x", "--regen-temps '1,x': expected comma-separated numbers, e.g. 0,0.7"),
+                                       (",", "expected comma-separated numbers"), ("2.5", "out of range"),
+                                       ("nan", "--regen-temps 'nan': expected comma-separated numbers"),
+                                       ("1,1.0", "repeats")])
 def test_bad_regen_temps_are_one_line(tmp_path, capsys, temps, msg):
     """--regen-temps is checked where it enters: one line naming the value, exit 2, no target loaded."""
     from mlxspec.cli import main

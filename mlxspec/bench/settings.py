@@ -11,7 +11,7 @@ from mlxspec.api import shipped_drafter
 from mlxspec.drafters.registry import candidates, model_name
 from mlxspec.errors import MlxspecError
 from mlxspec.prompts import load_prompts
-from mlxspec.validate import check_free_space, check_output_dir
+from mlxspec.validate import check_free_space, check_output_dir, parse_float_list
 
 FULL = dict(prompts_per_category=4, max_tokens=96, repeats=2, temps="0,1")
 QUICK = dict(prompts_per_category=1, max_tokens=32, repeats=1, temps="0")
@@ -64,11 +64,8 @@ def settings(a) -> dict:
     """The run's settings from the parsed flags; MlxspecError for bad values."""
     base = QUICK if a.quick else FULL
     s = {k: (getattr(a, k) if getattr(a, k) is not None else v) for k, v in base.items()}
-    try:
-        s["temps"] = [float(t) for t in str(s["temps"]).split(",") if t.strip()]
-    except ValueError:
-        raise MlxspecError(f"--temps {s['temps']!r}: expected comma-separated numbers, e.g. 0,1") from None
-    if not s["temps"] or min(s["temps"]) < 0:
+    s["temps"] = parse_float_list("--temps", s["temps"], "0,1")
+    if min(s["temps"]) < 0:
         raise MlxspecError(f"--temps {a.temps!r}: give one or more temperatures >= 0, e.g. 0,1")
     if s["max_tokens"] < 2:
         raise MlxspecError(f"--max-tokens {s['max_tokens']}: tokens/s needs at least 2 tokens")

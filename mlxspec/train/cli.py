@@ -19,7 +19,7 @@ from mlxspec.train.regen import TEMPS, kinds_for, prepare_regen_store
 from mlxspec.train.batches import parse_data_mix
 from mlxspec.train.config import TrainConfig
 from mlxspec.train.trainer import train
-from mlxspec.validate import MAX_BLOCK, check_float_arg, check_int_arg, check_output_dir, writing
+from mlxspec.validate import MAX_BLOCK, check_float_arg, check_int_arg, check_output_dir, parse_float_list, writing
 
 DEFAULT_TOKENS = "code=650000,prose=520000,fortunes=130000"
 
@@ -157,10 +157,7 @@ def check_taps(taps: list[int], n_layers: int) -> None:
 
 def _parse_temps(s: str) -> list[float]:
     """--regen-temps "0,0.7" -> [0.0, 0.7], checked by `kinds_for` (range, repeats)."""
-    try:
-        temps = [float(x) for x in str(s).split(",")]
-    except ValueError:
-        raise MlxspecError(f"--regen-temps expects comma-separated temperatures like 0,0.7, got {s!r}") from None
+    temps = parse_float_list("--regen-temps", s, "0,0.7")
     kinds_for(temps)
     return temps
 
