@@ -146,6 +146,31 @@ def test_policy_prefers_the_lookup_when_it_is_better_and_free():
     assert pol.plan(8, lookup_len=4, match=3, model_drafts=False).source.is_lookup  # no drafter to weigh
 
 
+def test_a_longer_lookup_match_starts_from_what_shorter_ones_learned():
+    """A match length the policy has not seen starts from the longest shorter one it has (where
+    that is above the pooled estimate), position by position: a suffix match growing from 4 to
+    8, 16, 32 tokens keeps the long verifies its 4-token matches earned instead of starting each
+    length over from the pooled estimate (which the 2-token matches drag down); a shorter match
+    learns nothing from a longer one."""
+    pol = VerifyPolicy([1.0] + [1.05] * 16, 16)
+    for _ in range(20):
+        pol.observe(Source.lookup(2), 4, 0)  # 2-token matches: wrong
+        pol.observe(Source.lookup(4), 16, 16)  # 4-token matches: right to the end
+    pooled, four = pol.estimate(Source.LOOKUP).p(), pol.estimate(Source.lookup(4)).p()
+    assert pooled[0] < 0.6 < 0.9 < four[0]
+    eight = pol.estimate(Source.lookup(8))
+    assert np.allclose(eight.p(), np.maximum(pooled, four)) and np.allclose(eight.p(), four)
+    assert pol.plan(16, lookup_len=16, match=8, model_drafts=False) == Plan(Source.lookup(8), 16)
+    # an unseen length between them starts from the 2-token matches' or the pooled estimate,
+    # whichever is higher: the pooled one here, not the 4-token matches'
+    three = pol.estimate(Source.lookup(3)).p()
+    assert np.allclose(three, pooled) and three[0] < 0.6
+    # what a length learns itself still moves it off the inherited prior
+    for _ in range(10):
+        pol.observe(Source.lookup(8), 16, 0)
+    assert pol.estimate(Source.lookup(8)).p()[0] < 0.2
+
+
 def test_source_carries_its_kind_and_match():
     assert [str(s) for s in (Source.NONE, Source.DRAFTER, Source.LOOKUP, Source.lookup(3))] == [
         "none", "drafter", "lookup", "lookup3"]

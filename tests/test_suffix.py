@@ -238,6 +238,31 @@ def test_lookup_takes_the_better_scored_proposal():
     assert lk.propose(2, 8) == ([9, 9], 2)
 
 
+def test_no_proposal_from_a_match_of_the_anchor_alone():
+    """SuffixLookup's shortest match is 2 tokens, as prompt lookup's shortest n-gram: the anchor
+    alone matched any earlier occurrence of the token (on the agent trace beside EAGLE-3 such
+    proposals were accepted 0 times in 16 verifies); the index itself still proposes from one
+    token where asked (min_match=1, ArcticInference's rule)."""
+    text = [1, 2, 3, 4, 5, 6, 7]
+    ix = SuffixIndex()
+    d = ix.open(text)
+    # anchor 3 after [.., 7]: only [3] matches
+    assert ix.propose(ix.last[d], len(text), 3, 8, own=d, alpha=4.0) == ([4, 5, 6, 7], 1, 4.0)
+    assert ix.propose(ix.last[d], len(text), 3, 8, own=d, alpha=4.0, min_match=2)[0] == []
+    assert ix.propose_many(ix.last[d], len(text), 3, 2, 4, own=d)[0] == [[4, 5]]
+    assert ix.propose_many(ix.last[d], len(text), 3, 2, 4, own=d, min_match=2)[0] == []
+    lk = SuffixLookup(None)
+    lk.reset(text)
+    assert lk.propose(3, 8) == ([], 0) and lk.propose_many(3, 8, 4) == ([], 0)
+    lk.reset(text + [2])  # [2, 3] now matches: 2 tokens
+    assert lk.propose(3, 8) == ([4, 5, 6, 7, 2, 3, 4, 5], 2)
+    one = SuffixLookup(None, min_match=1)
+    one.reset(text)
+    assert one.propose(3, 8) == ([4, 5, 6, 7], 1)
+    with pytest.raises(ValueError, match="min_match must be >= 1"):
+        SuffixLookup(None, min_match=0)
+
+
 def test_match_buckets():
     assert [match_bucket(m) for m in (0, 1, 4, 5, 7, 8, 15, 16, 31, 32, 500)] == [0, 1, 4, 5, 5, 8, 8, 16, 16, 32, 32]
 

@@ -92,6 +92,9 @@ class AcceptanceEstimate:
     # position's estimate. A lookup copies a span: once its first token is right, the next
     # ones usually are (measured on held-out code: 0.75-0.95 conditional acceptance)
     continuation_prior: float | None = None
+    # a prior per position (set by the policy for a lookup match length from what it learned of
+    # shorter matches); None: prior_mean, then continuation_prior / the previous position's
+    prior_vec: np.ndarray | None = None
     tried: np.ndarray = field(init=False)
     hit: np.ndarray = field(init=False)
 
@@ -112,6 +115,8 @@ class AcceptanceEstimate:
         out = np.empty(self.size)
         prior = self.prior_mean
         for i in range(self.size):
+            if self.prior_vec is not None:
+                prior = float(self.prior_vec[i])
             out[i] = prior = (self.hit[i] + prior * self.prior_weight) / (self.tried[i] + self.prior_weight)
             if self.continuation_prior is not None:
                 prior = self.continuation_prior
@@ -390,7 +395,10 @@ class VerifyPolicy:
     def estimate(self, source: str | Source) -> AcceptanceEstimate:
         """The running estimate of a source. Lookups keep one per n-gram match length
         (a 4-gram match is far more reliable than a 2-gram one on code, not on chat), each
-        shrunk towards the pooled lookup estimate (match 0) while it has little data."""
+        shrunk, while it has little data, towards the pooled lookup estimate (match 0) or, where
+        higher, towards the longest shorter match length seen: a longer match is trusted at least
+        as far as a shorter one, so a suffix match growing 4 -> 8 -> 16 -> 32 tokens (a file sent
+        back) does not start each length over from the pooled estimate."""
         source = Source.of(source)
         if source not in self.est:
             if source.is_lookup:
@@ -400,7 +408,11 @@ class VerifyPolicy:
                 self.est[source] = AcceptanceEstimate(self.max_drafts, decay=self.decay)
         e = self.est[source]
         if source.is_lookup and source.match:
-            e.prior_mean = float(self.estimate(Source.LOOKUP).p()[0])
+            prior = self.estimate(Source.LOOKUP).p()
+            shorter = [s for s, x in self.est.items() if s.is_lookup and 0 < s.match < source.match and x.tried[0] > 1e-3]
+            if shorter:
+                prior = np.maximum(prior, self.estimate(max(shorter, key=lambda s: s.match)).p())
+            e.prior_vec, e.prior_mean = prior, float(prior[0])
         return e
 
     def probe_interval(self, source: Source) -> int:
