@@ -16,6 +16,7 @@ and two versions compare exactly. tokens/s is measured either way.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -26,8 +27,10 @@ CONFIGS = {"default": dict(), "default+suffix": dict(lookup="suffix"),
 CATEGORIES = ("code", "prose", "chat")
 
 
-def fix_costs(draft_ms: float) -> None:
-    """The policy sees the profile's verify costs and draft_ms per drafted token, not the clock."""
+@contextlib.contextmanager
+def fixed_costs(draft_ms: float | None):
+    """While open (draft_ms not None), the policy sees the profile's verify costs and draft_ms
+    per drafted token, not the clock."""
     from mlxspec.engine.policy import Kind, Source, VerifyPolicy
 
     observe = VerifyPolicy.observe
@@ -39,7 +42,12 @@ def fix_costs(draft_ms: float) -> None:
             ds = draft_ms / 1e3 * max(self.last_drafted if drafted is None else drafted, 1)
         return observe(self, source, verified, accepted, confidence, ds, None, drafted=drafted)
 
-    VerifyPolicy.observe = fixed
+    if draft_ms is not None:
+        VerifyPolicy.observe = fixed
+    try:
+        yield
+    finally:
+        VerifyPolicy.observe = observe
 
 
 def main(argv=None) -> int:
@@ -59,12 +67,29 @@ def main(argv=None) -> int:
 
     import mlxspec  # noqa: F401  (OpenBLAS before MLX)
     from mlxspec import api
+
+    target, tok, _ = api.load(draft="none")
+    with fixed_costs(a.draft_ms if a.fixed_costs else None):
+        rows, outs = run(api, target, tok, names, a)
+    same = all(len({json.dumps(o) for o in by.values()}) == 1 for by in outs.values())
+    report = {"command": "scripts/lookup_heldout.py " + " ".join(sys.argv[1:] if argv is None else argv),
+              "date": time.strftime("%Y-%m-%d %H:%M"), "fixed_costs": a.fixed_costs, "draft_ms": a.draft_ms,
+              "prompts_per_category": a.prompts, "max_tokens": a.max_tokens, "configs": rows,
+              "outputs_identical": same}
+    text = json.dumps(report, indent=1)
+    if a.json:
+        with open(a.json, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+    return 0 if same else 1
+
+
+def run(api, target, tok, names, a):
+    """Every configuration over the held-out prompts -> (rows per config and category, outputs)."""
     from mlxspec.engine.loop import SpecStats
     from mlxspec.prompts import encode_prompt, load_prompts
 
-    if a.fixed_costs:
-        fix_costs(a.draft_ms)
-    target, tok, _ = api.load(draft="none")
     prompts = load_prompts()
     rows, outs = {}, {}
     for name in names:
@@ -84,18 +109,7 @@ def main(argv=None) -> int:
                                               "by_source_drafted_accepted": total.by_source}
             print(f"{name} {cat}: tau {total.tau:.3f}, {total.generation_tps:.1f} tok/s, {total.by_source}",
                   file=sys.stderr, flush=True)
-    same = all(len({json.dumps(o) for o in by.values()}) == 1 for by in outs.values())
-    report = {"command": "scripts/lookup_heldout.py " + " ".join(sys.argv[1:] if argv is None else argv),
-              "date": time.strftime("%Y-%m-%d %H:%M"), "fixed_costs": a.fixed_costs, "draft_ms": a.draft_ms,
-              "prompts_per_category": a.prompts, "max_tokens": a.max_tokens, "configs": rows,
-              "outputs_identical": same}
-    text = json.dumps(report, indent=1)
-    if a.json:
-        with open(a.json, "w") as f:
-            f.write(text + "\n")
-    else:
-        print(text)
-    return 0 if same else 1
+    return rows, outs
 
 
 if __name__ == "__main__":

@@ -487,3 +487,36 @@ def test_suffix_flags_reach_the_config():
     assert spec_config(cli.build_parser().parse_args(["generate", "--prompt", "x"])).lookup == "ngram"  # the default
     with pytest.raises(api.MlxspecError, match="--lookup 'tree' is not one of ngram, suffix"):
         api.SpecConfig(lookup="tree")
+
+
+def test_lookup_heldout_with_fixed_costs_is_a_pure_function_of_the_code(smollm2, tmp_path):
+    """scripts/lookup_heldout.py --fixed-costs: the adaptive policy sees the profiled costs, not
+    the clock, so two runs give the same tau and the same choices to the count (the docs compare
+    versions of the code with it); the policy's observe is restored after; a bad --configs is
+    argparse's exit 2."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from mlxspec.engine.policy import VerifyPolicy
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "lookup_heldout.py"
+    spec = importlib.util.spec_from_file_location("lookup_heldout", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    observe = VerifyPolicy.observe
+    runs = []
+    for i in range(2):
+        out = tmp_path / f"{i}.json"
+        assert mod.main(["--configs", "default+suffix,lookup", "--prompts", "1", "--max-tokens", "12",
+                         "--fixed-costs", "--json", str(out)]) == 0
+        assert VerifyPolicy.observe is observe
+        runs.append(json.loads(out.read_text()))
+    assert runs[0]["outputs_identical"] and runs[0]["fixed_costs"]
+    strip = [{c: {k: {f: v for f, v in r.items() if f != "tok_s"} for k, r in cats.items()}
+              for c, cats in run["configs"].items()} for run in runs]
+    assert strip[0] == strip[1] and set(strip[0]) == {"default+suffix", "lookup"}
+    assert all(r["tau"] >= 1.0 and r["generated"] >= 2 for cats in strip[0].values() for r in cats.values())
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--configs", "default,nope"])
+    assert e.value.code == 2
