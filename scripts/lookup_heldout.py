@@ -9,7 +9,7 @@ Each configuration is one `Speculator` over all prompts (as an app holds one: su
 shared index fills across them). Under the adaptive policy tau depends on the costs it measures,
 and on this host they drift run to run (the same code gave default code tau 2.06 and 2.17 in two
 runs); `--fixed-costs` makes the policy see the profiled verify costs and a fixed drafting cost
-per drafted token (`--draft-ms`) instead of the clock, so tau is a pure function of the code
+per drafter forward (`--draft-ms`) instead of the clock, so tau is a pure function of the code
 and two versions compare exactly. tokens/s is measured either way.
 """
 
@@ -21,8 +21,13 @@ import json
 import sys
 import time
 
+from pathlib import Path
+
+DSPARK = str(Path(__file__).resolve().parent.parent / "mlxspec/weights/smollm2-135m-dspark")
 CONFIGS = {"default": dict(), "default+suffix": dict(lookup="suffix"),
            "default+suffix-local": dict(lookup="suffix", suffix_budget=0),
+           "dspark": dict(draft=DSPARK), "dspark+suffix": dict(draft=DSPARK, lookup="suffix"),
+           "dspark+suffix-local": dict(draft=DSPARK, lookup="suffix", suffix_budget=0),
            "lookup": dict(spec_type="ngram"), "suffix": dict(spec_type="ngram", lookup="suffix")}
 CATEGORIES = ("code", "prose", "chat")
 
@@ -30,7 +35,8 @@ CATEGORIES = ("code", "prose", "chat")
 @contextlib.contextmanager
 def fixed_costs(draft_ms: float | None):
     """While open (draft_ms not None), the policy sees the profile's verify costs and draft_ms
-    per drafted token, not the clock."""
+    per drafter forward (a chain drafter's per drafted token, a block drafter's per block), not
+    the clock."""
     from mlxspec.engine.policy import Kind, Source, VerifyPolicy
 
     observe = VerifyPolicy.observe
@@ -39,7 +45,8 @@ def fixed_costs(draft_ms: float | None):
               drafted=None):
         ds = None
         if draft_seconds is not None and Source.of(source).kind is Kind.DRAFTER:
-            ds = draft_ms / 1e3 * max(self.last_drafted if drafted is None else drafted, 1)
+            forwards = max(self.last_drafted if drafted is None else drafted, 1) if self.chain else 1
+            ds = draft_ms / 1e3 * forwards
         return observe(self, source, verified, accepted, confidence, ds, None, drafted=drafted)
 
     if draft_ms is not None:
@@ -55,13 +62,18 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default="default,default+suffix", help="comma-separated, from: " + ", ".join(CONFIGS))
     ap.add_argument("--prompts", type=int, default=16, help="held-out prompts per category (at most 16 code, 16 prose, 8 chat)")
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--categories", default=",".join(CATEGORIES), help="comma-separated, from: " + ", ".join(CATEGORIES))
     ap.add_argument("--fixed-costs", action="store_true", help="the policy sees fixed costs, not the clock (module docstring)")
-    ap.add_argument("--draft-ms", type=float, default=8.0, help="--fixed-costs: drafting cost per drafted token (ms)")
+    ap.add_argument("--draft-ms", type=float, default=8.0,
+                    help="--fixed-costs: drafting cost per drafter forward (ms; EAGLE-3: per drafted token, a block drafter: per block)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     names = [n.strip() for n in a.configs.split(",") if n.strip()]
     if not names or any(n not in CONFIGS for n in names):
         ap.error(f"--configs: name one or more of {', '.join(CONFIGS)}")
+    a.categories = [c.strip() for c in a.categories.split(",") if c.strip()]
+    if not a.categories or any(c not in CATEGORIES for c in a.categories):
+        ap.error(f"--categories: name one or more of {', '.join(CATEGORIES)}")
     if not 1 <= a.prompts <= 16 or not 2 <= a.max_tokens <= 1024 or not 0 <= a.draft_ms < 1e4:
         ap.error("--prompts must be 1-16, --max-tokens 2-1024, --draft-ms 0-10000")
 
@@ -94,7 +106,7 @@ def run(api, target, tok, names, a):
     rows, outs = {}, {}
     for name in names:
         spec = api.Speculator.build(api.SpecConfig(**CONFIGS[name]), target)
-        for cat in CATEGORIES:
+        for cat in a.categories:
             total, got = SpecStats(), []
             for text in prompts[cat][: a.prompts]:
                 st, out = SpecStats(), []
