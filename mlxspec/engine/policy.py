@@ -111,7 +111,8 @@ class AcceptanceEstimate:
 
     def p(self) -> np.ndarray:
         """Posterior means; position i's prior is position i-1's estimate (position 1's is
-        prior_mean), so a drafter that is right early is trusted with longer drafts quickly."""
+        prior_mean), so a drafter that is right early is trusted with longer drafts quickly;
+        where prior_vec is set, position i's prior is prior_vec[i] instead."""
         out = np.empty(self.size)
         prior = self.prior_mean
         for i in range(self.size):
@@ -412,7 +413,7 @@ class VerifyPolicy:
             shorter = [s for s, x in self.est.items() if s.is_lookup and 0 < s.match < source.match and x.tried[0] > 1e-3]
             if shorter:
                 prior = np.maximum(prior, self.estimate(max(shorter, key=lambda s: s.match)).p())
-            e.prior_vec, e.prior_mean = prior, float(prior[0])
+            e.prior_vec = prior
         return e
 
     def probe_interval(self, source: Source) -> int:
