@@ -20,7 +20,13 @@ same turn; `overall` is total generated tokens over total generation time, over 
 
 --replay: no timing; the AR answers replayed through each lookup (prompt lookup, suffix
 drafting at alpha 1 and 4, and without its shared index) with every proposal verified, tau per turn: what the proposals are
-worth before the adaptive policy decides how many to verify.
+worth before the adaptive policy decides how many to verify. It also writes each turn's copy
+ceiling (`ceiling`): what any lookup that copies spans of earlier text could reach, told the
+answer in advance: at each position it verifies exactly the longest span (up to the most
+drafts) that continues the answer and occurs in the text it may copy from (the request's own
+text for prompt lookup; the earlier answers too for suffix drafting), paying the profiled
+verify cost of that many rows. The tokens no span covers run at `--fresh-x` (the default's
+x AR on text it has not seen: turns 1-2).
 """
 
 from __future__ import annotations
@@ -146,6 +152,51 @@ def replay(convo: list[tuple[list[int], list[int]]], make, n: int = 8) -> list[f
     return out
 
 
+def copy_ceiling(convo: list[tuple[list[int], list[int]]], steps: dict[int, float], n: int, shared: bool,
+                 fresh_x: float, min_match: int = 0, prompt_tail: int = 16) -> list[dict]:
+    """Per turn: forwards, tokens copied and x AR (in target steps) of an oracle that copies the
+    longest span (<= n tokens) of the text it may read that continues the answer, verified at
+    steps[rows] steps a forward; the tokens it cannot copy cost 1 / fresh_x steps each.
+    min_match 0: any span (a bound on every copying drafter); m: only a span that follows an
+    earlier occurrence of the last m tokens (the best proposal a lookup whose shortest match is
+    m tokens could make, choosing among its candidates with the answer known).
+    shared: earlier answers (after their prompt's last prompt_tail tokens) may be copied too."""
+    enc = lambda toks: "".join(chr(0x100 + t) for t in toks)  # noqa: E731  (substring search over ids)
+
+    def longest(text: str, want: str, key: str) -> int:
+        if not key:  # any span: grow while it occurs
+            L = 0
+            while L < len(want) and want[: L + 1] in text:
+                L += 1
+            return L
+        best, i = 0, text.find(key)
+        while i >= 0 and best < len(want):
+            cont = text[i + len(key) : i + len(key) + len(want)]
+            L = 0
+            while L < len(cont) and cont[L] == want[L]:
+                L += 1
+            best, i = max(best, L), text.find(key, i + 1)
+        return best
+
+    out, earlier = [], ""
+    for ids, answer in convo:
+        own, pos, forwards, copied, cost, fresh = enc(ids) + enc(answer[:1]), 1, 0, 0, 0.0, 0
+        while pos < len(answer):
+            text = own + "\0" + earlier if shared else own
+            key = own[-min_match:] if min_match else ""
+            L = longest(text, enc(answer[pos : pos + min(n, len(answer) - pos)]), key)
+            if L:
+                forwards, copied, cost = forwards + 1, copied + L, cost + steps[L + 1]
+            else:
+                fresh, cost = fresh + 1, cost + 1.0 / fresh_x
+            own += enc(answer[pos : pos + L + 1])
+            pos += L + 1
+        earlier += "\0" + enc(ids[-prompt_tail:] + answer)
+        gen = len(answer) - 1
+        out.append({"copied": copied, "fresh": fresh, "copy_forwards": forwards, "x_ar": round(gen / cost, 3) if cost else None})
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--turns", type=int, default=5)
@@ -155,6 +206,8 @@ def main(argv=None) -> int:
     p.add_argument("--print-trace", action="store_true", help="print the user messages and exit")
     p.add_argument("--replay", action="store_true", help="tau of each lookup with every proposal verified (no timing)")
     p.add_argument("--drafts", default="8", help="--replay: the most drafts per proposal, comma-separated (e.g. 8,16,32)")
+    p.add_argument("--fresh-x", type=float, default=1.5,
+                   help="--replay: x AR assumed for the tokens no copy covers (the default on fresh text; run 3: 1.35-1.63)")
     p.add_argument("--out", default=None, help="write the JSON report here (else stdout)")
     a = p.parse_args(argv)
     raw = a.drafts
@@ -250,9 +303,24 @@ def _replay(target, tok, users, a) -> int:
             lookups[f"suffix alpha {alpha:g}"] = lambda shared=shared, alpha=alpha: SuffixLookup(shared, alpha=alpha)
         lookups["suffix alpha 4, no shared index"] = lambda: SuffixLookup(None, alpha=4.0)
         by_n[str(n)] = {name: replay(convo, make, n) for name, make in lookups.items()}
+    from mlxspec.engine.profile import verify_profile
+
+    n = max(a.drafts)
+    sps = verify_profile(target, n + 1)
+    steps = {L: sps[1] / sps[L] for L in sps}  # a verify of L rows, in decode steps
+    ceiling = {}
+    for name, shared, m in (("any span of the request", False, 0), ("any span of the request or earlier answers", True, 0),
+                            ("after a 2-token match in the request", False, 2),
+                            ("after a 2-token match in the request or earlier answers", True, 2)):
+        turns = copy_ceiling(convo, steps, n, shared, a.fresh_x, min_match=m)
+        gen = sum(len(ans) - 1 for _, ans in convo)
+        total = sum((len(ans) - 1) / t["x_ar"] for (_, ans), t in zip(convo, turns))
+        ceiling[name] = {"turns": turns, "overall_x_ar": round(gen / total, 3)}
     report = {"command": "scripts/agent_bench.py " + " ".join(sys.argv[1:]),
               "date": time.strftime("%Y-%m-%d %H:%M"), "max_tokens": a.max_tokens,
-              "tau_every_draft_verified": by_n}
+              "tau_every_draft_verified": by_n,
+              "ceiling": {"drafts": n, "fresh_x": a.fresh_x, "verify_steps": {L: round(v, 3) for L, v in steps.items()},
+                          **ceiling}}
     _emit(report, a.out)
     return 0
 

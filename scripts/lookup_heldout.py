@@ -10,7 +10,11 @@ shared index fills across them). Under the adaptive policy tau depends on the co
 and on this host they drift run to run (the same code gave default code tau 2.06 and 2.17 in two
 runs); `--fixed-costs` makes the policy see the profiled verify costs and a fixed drafting cost
 per drafter forward (`--draft-ms`) instead of the clock, so tau is a pure function of the code
-and two versions compare exactly. tokens/s is measured either way.
+and the profile, and two versions compare exactly. The profile is the machine's (measured once
+and cached; its shape moves with the host: a later session measured a decode step of 87 ms and
+a 17-row verify at 2.68 steps); `--profile FILE` reads a committed one instead
+(docs/bench/verify-profile-smollm2-2026-12-04.json), so runs compare across sessions too.
+tokens/s is measured either way.
 """
 
 from __future__ import annotations
@@ -32,14 +36,34 @@ CONFIGS = {"default": dict(), "default+suffix": dict(lookup="suffix"),
 CATEGORIES = ("code", "prose", "chat")
 
 
+def read_profile(path: str) -> dict[int, float]:
+    """A verify profile file ({length: steps/second}, as the cache keeps it) -> {int: float},
+    or one line and exit 2."""
+    try:
+        sps = {int(k): float(v) for k, v in json.loads(Path(path).read_text()).items()}
+    except (OSError, ValueError, AttributeError) as e:
+        raise SystemExit(f"lookup_heldout: --profile {path}: not a verify profile ({e}); "
+                         "give a JSON of length -> steps/second, e.g. docs/bench/verify-profile-smollm2-2026-12-04.json")
+    if sorted(sps) != list(range(1, len(sps) + 1)) or len(sps) < 2 or min(sps.values()) <= 0:
+        raise SystemExit(f"lookup_heldout: --profile {path}: lengths must run 1..n with positive steps/second")
+    return sps
+
+
 @contextlib.contextmanager
-def fixed_costs(draft_ms: float | None):
+def fixed_costs(draft_ms: float | None, profile: dict[int, float] | None = None):
     """While open (draft_ms not None), the policy sees the profile's verify costs and draft_ms
     per drafter forward (a chain drafter's per drafted token, a block drafter's per block), not
-    the clock."""
+    the clock; `profile` (steps/second per verify length) in place of the machine's cached one."""
+    from mlxspec import api
     from mlxspec.engine.policy import Kind, Source, VerifyPolicy
 
-    observe = VerifyPolicy.observe
+    observe, profile_for = VerifyPolicy.observe, api.profile_for
+
+    def given(target, drafter):
+        n = drafter.max_drafts + 1
+        if n > len(profile):
+            raise SystemExit(f"lookup_heldout: --profile has lengths 1..{len(profile)}, the drafter verifies up to {n}")
+        return {L: profile[L] for L in range(1, n + 1)}
 
     def fixed(self, source, verified, accepted, confidence=None, draft_seconds=None, verify_seconds=None, *,
               drafted=None):
@@ -51,10 +75,12 @@ def fixed_costs(draft_ms: float | None):
 
     if draft_ms is not None:
         VerifyPolicy.observe = fixed
+        if profile is not None:
+            api.profile_for = given
     try:
         yield
     finally:
-        VerifyPolicy.observe = observe
+        VerifyPolicy.observe, api.profile_for = observe, profile_for
 
 
 def main(argv=None) -> int:
@@ -66,8 +92,12 @@ def main(argv=None) -> int:
     ap.add_argument("--fixed-costs", action="store_true", help="the policy sees fixed costs, not the clock (module docstring)")
     ap.add_argument("--draft-ms", type=float, default=8.0,
                     help="--fixed-costs: drafting cost per drafter forward (ms; EAGLE-3: per drafted token, a block drafter: per block)")
+    ap.add_argument("--profile", default=None,
+                    help="--fixed-costs: a verify profile file (length -> steps/second) in place of the machine's")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    if a.profile and not a.fixed_costs:
+        ap.error("--profile needs --fixed-costs")
     names = [n.strip() for n in a.configs.split(",") if n.strip()]
     if not names or any(n not in CONFIGS for n in names):
         ap.error(f"--configs: name one or more of {', '.join(CONFIGS)}")
@@ -81,11 +111,13 @@ def main(argv=None) -> int:
     from mlxspec import api
 
     target, tok, _ = api.load(draft="none")
-    with fixed_costs(a.draft_ms if a.fixed_costs else None):
+    profile = read_profile(a.profile) if a.profile else None
+    with fixed_costs(a.draft_ms if a.fixed_costs else None, profile):
         rows, outs = run(api, target, tok, names, a)
     same = all(len({json.dumps(o) for o in by.values()}) == 1 for by in outs.values())
     report = {"command": "scripts/lookup_heldout.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "date": time.strftime("%Y-%m-%d %H:%M"), "fixed_costs": a.fixed_costs, "draft_ms": a.draft_ms,
+              "profile": a.profile,
               "prompts_per_category": a.prompts, "max_tokens": a.max_tokens, "configs": rows,
               "outputs_identical": same}
     text = json.dumps(report, indent=1)

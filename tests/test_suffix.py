@@ -216,26 +216,36 @@ def test_lookup_drafts_from_the_shared_index_of_earlier_requests():
     shared = SuffixIndex()
     first = SuffixLookup(shared, prompt_tail=2)
     first.reset([4, 5, 6])  # an earlier request: its output (after its prompt's tail) enters the shared index
-    first.extend([10, 11, 12, 13, 14, 15])
-    assert shared.docs[first.shared_doc] == [5, 6, 10, 11, 12, 13, 14, 15]
+    first.extend([10, 11, 12, 13, 14, 15, 16])
+    assert shared.docs[first.shared_doc] == [5, 6, 10, 11, 12, 13, 14, 15, 16]
     lk = SuffixLookup(shared)
-    lk.reset([5, 10, 11])
-    assert lk.propose(12, 8) == ([13, 14, 15], 3)  # [10, 11, 12] matched, 3 drafts
-    assert SuffixLookup(None).propose(12, 8) == ([], 0)
+    lk.reset([5, 10, 11, 12])
+    assert lk.propose(13, 8) == ([14, 15, 16], 4)  # [10, 11, 12, 13] matched, 3 drafts
+    assert lk.propose_many(13, 8, 4) == ([[14, 15, 16]], 4)
+    assert SuffixLookup(None).propose(13, 8) == ([], 0)
     alone = SuffixLookup(None)
-    alone.reset([5, 10, 11])
-    assert alone.propose(12, 8) == ([], 0)  # only the shared index knew
+    alone.reset([5, 10, 11, 12])
+    assert alone.propose(13, 8) == ([], 0)  # only the shared index knew
+    # 3 tokens of another request's text are weak evidence: the shared index needs 4 by default
+    short = SuffixLookup(shared)
+    short.reset([5, 11, 12])
+    assert short.propose(13, 8) == ([], 0) and short.propose_many(13, 8, 4) == ([], 0)
+    three = SuffixLookup(shared, shared_min_match=3)
+    three.reset([5, 11, 12])
+    assert three.propose(13, 8) == ([14, 15, 16], 3)
+    with pytest.raises(ValueError, match="shared_min_match must be >= 1"):
+        SuffixLookup(shared, shared_min_match=0)
 
 
 def test_lookup_takes_the_better_scored_proposal():
     shared = SuffixIndex()
-    shared.open([1, 2, 9, 9])  # one earlier answer: 1 2 -> 9 9
+    shared.open([3, 4, 0, 1, 2, 9, 9])  # one earlier answer: 3 4 0 1 2 -> 9 9
     lk = SuffixLookup(shared, alpha=2.0, prompt_tail=0)
     lk.reset([1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1])  # this request twice says 1 2 -> 3 4
-    # local: [0, 1, 2] ... matched 5 long, 8 drafts for sure; shared: [1, 2] -> 9 9, 2 drafts
+    # both match 5 long ([3, 4, 0, 1, 2]): local 8 drafts for sure, shared 2 drafts
     assert lk.propose(2, 8) == ([3, 4, 0, 1, 2, 3, 4, 0], 5)
-    lk.reset([5, 1])  # nothing here: the earlier answer drafts
-    assert lk.propose(2, 8) == ([9, 9], 2)
+    lk.reset([5, 3, 4, 0, 1])  # nothing here: the earlier answer drafts
+    assert lk.propose(2, 8) == ([9, 9], 5)
 
 
 def test_no_proposal_from_a_match_of_the_anchor_alone():
@@ -310,7 +320,8 @@ def test_sampling_with_a_shared_suffix_index_is_lossless(tiny):  # noqa: F811  (
     shared = SuffixIndex(budget=64)
     out, st = [], SpecStats()
     for seed in range(1500):
-        d = NgramDrafter(V, 3, index=SuffixLookup(shared, prompt_tail=2))
+        # shared_min_match 2: with 4-token answers, a 4-token match would rarely occur
+        d = NgramDrafter(V, 3, index=SuffixLookup(shared, prompt_tail=2, shared_min_match=2))
         pol = VerifyPolicy([1.0, 1.05, 1.1, 1.15], 3, probe_every=2) if seed % 2 else None
         toks = [t for s in generate_steps(target, TINY_PROMPT, drafter=d, max_tokens=N_TOKENS, sampling=sp, seed=seed,
                                           policy=pol, stats=st) for t in s]
@@ -519,4 +530,68 @@ def test_lookup_heldout_with_fixed_costs_is_a_pure_function_of_the_code(smollm2,
     assert all(r["tau"] >= 1.0 and r["generated"] >= 2 for cats in strip[0].values() for r in cats.values())
     with pytest.raises(SystemExit) as e:
         mod.main(["--configs", "default,nope"])
+    assert e.value.code == 2
+
+
+def _script(name: str):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_agent_copy_ceiling_counts_by_hand():
+    """scripts/agent_bench.py --replay's copy ceiling, on a conversation worked out by hand: the
+    longest copyable span per forward at the profiled cost of its rows, the rest at fresh_x; a
+    lookup's ceiling needs a 2-token match first; the suffix ceiling copies earlier answers too."""
+    ceiling = _script("agent_bench").copy_ceiling
+    steps = {L: 1 + 0.1 * (L - 1) for L in range(1, 18)}
+    convo = [([1, 2, 3, 4, 5, 6, 7, 8], [9, 3, 4, 5, 6, 10, 11]), ([20, 21], [22, 10, 11, 12])]
+    # turn 1, any span: [3, 4, 5, 6] copied in one forward of 5 rows (1.4 steps), then 11 fresh
+    # (0.5): 6 tokens in 1.9 steps; turn 2: nothing to copy, 3 fresh tokens
+    assert ceiling(convo, steps, 16, False, 2.0) == [
+        {"copied": 4, "fresh": 1, "copy_forwards": 1, "x_ar": round(6 / 1.9, 3)},
+        {"copied": 0, "fresh": 3, "copy_forwards": 0, "x_ar": 2.0}]
+    # after a 2-token match: 3 and 4 are fresh ([8, 9], [9, 3] never occurred before), [3, 4]
+    # then finds [5, 6] (the text goes on 7, 8), 11 fresh: 6 tokens in 2.7 steps
+    assert ceiling(convo, steps, 16, False, 2.0, min_match=2)[0] == {
+        "copied": 2, "fresh": 3, "copy_forwards": 1, "x_ar": round(6 / 2.7, 3)}
+    # with the earlier answer: turn 2 copies [10, 11] from it (3 rows, 1.2 steps)
+    assert ceiling(convo, steps, 16, True, 2.0)[1] == {"copied": 2, "fresh": 0, "copy_forwards": 1, "x_ar": 2.5}
+    # at most 1 draft a forward: 3 (+ 4, the bonus), 5 (+ 6), then 10 and 11 fresh
+    one = ceiling(convo, steps, 1, False, 2.0)[0]
+    assert (one["copied"], one["fresh"], one["copy_forwards"]) == (2, 2, 2)
+
+
+def test_lookup_heldout_reads_a_committed_profile(smollm2, tmp_path):
+    """--profile: fixed-cost runs read a committed verify profile (runs of different sessions
+    compare); a file that is not a profile is one line."""
+    mod = _script("lookup_heldout")
+    from mlxspec import api
+
+    keep = api.profile_for
+    out = tmp_path / "r.json"
+    prof = "docs/bench/verify-profile-smollm2-2026-12-04.json"
+    from pathlib import Path
+
+    prof = str(Path(__file__).resolve().parent.parent / prof)
+    assert mod.main(["--configs", "lookup", "--prompts", "1", "--max-tokens", "8", "--categories", "code",
+                     "--fixed-costs", "--profile", prof, "--json", str(out)]) == 0
+    assert api.profile_for is keep
+    import json
+
+    assert json.loads(out.read_text())["profile"] == prof
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"1": 10.0, "3": 5.0}')
+    with pytest.raises(SystemExit, match="lengths must run 1..n"):
+        mod.main(["--fixed-costs", "--profile", str(bad)])
+    bad.write_text("not json")
+    with pytest.raises(SystemExit, match="not a verify profile"):
+        mod.main(["--fixed-costs", "--profile", str(bad)])
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--profile", prof])  # without --fixed-costs: argparse's exit 2
     assert e.value.code == 2

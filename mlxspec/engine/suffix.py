@@ -407,12 +407,17 @@ class SuffixLookup:
     # min_match 2, as prompt lookup's shortest n-gram: a match of the anchor alone is any earlier
     # occurrence of the token; beside the EAGLE-3 drafter on the agent trace such proposals were
     # accepted 0 times in 16 verifies, each verify costing ~1.2 steps for the one token it commits
+    # shared_min_match 4: a 2-3-token match in other requests' text is weak evidence (common
+    # bigrams of the language); on the 40 held-out prompts with fixed costs, 4 moved EAGLE-3 +
+    # suffix from 2.250/2.254/1.405 to 2.291/2.259/1.384 and DSpark + suffix's chat from 1.093 to
+    # 1.145 (lookup: 1.151), and kept the agent replay's repeated session (docs/suffix.md, run 4)
     def __init__(self, shared: SuffixIndex | None = None, *, alpha: float = 4.0, min_prob: float = 0.1,
-                 max_depth: int = 64, prompt_tail: int = 16, min_match: int = 2):
-        if min_match < 1:
-            raise ValueError(f"suffix min_match must be >= 1, got {min_match}")
+                 max_depth: int = 64, prompt_tail: int = 16, min_match: int = 2, shared_min_match: int = 4):
+        for name, v in (("min_match", min_match), ("shared_min_match", shared_min_match)):
+            if v < 1:
+                raise ValueError(f"suffix {name} must be >= 1, got {v}")
         self.shared, self.alpha, self.min_prob, self.max_depth = shared, alpha, min_prob, max_depth
-        self.min_match = min_match
+        self.min_match, self.shared_min_match = min_match, shared_min_match
         self.prompt_tail = prompt_tail
         self.reset(())
 
@@ -447,7 +452,7 @@ class SuffixLookup:
             with self.shared.lock:
                 v, l = self.matcher.where()
                 more, m2, _ = self.shared.propose_many(v, l, int(anchor), k, width, own=self.shared_doc,
-                                                       min_match=self.min_match)
+                                                       min_match=self.shared_min_match)
             if m2 > m:  # the longer match's continuations first
                 outs, more, m = more, outs, m2
             outs += [c for c in more if c not in outs][: max(width - len(outs), 0)]
@@ -463,7 +468,8 @@ class SuffixLookup:
         if self.shared is not None:
             with self.shared.lock:  # no rebuild between finding the match and reading it
                 v, l = self.matcher.where()
-                other = self.shared.propose(v, l, int(anchor), k, own=self.shared_doc, **kw)
+                other = self.shared.propose(v, l, int(anchor), k, own=self.shared_doc,
+                                            **{**kw, "min_match": self.shared_min_match})
             if other[2] > best[2]:
                 best = other
         toks, match, _ = best
