@@ -171,6 +171,40 @@ def test_a_longer_lookup_match_starts_from_what_shorter_ones_learned():
     assert pol.estimate(Source.lookup(8)).p()[0] < 0.2
 
 
+def test_a_lookup_right_to_the_end_of_what_it_verified_is_tried_longer():
+    """A lookup whose matches were right at every position it was verified at (7 of 7, as the
+    plan stopped at 7) is tried further when it proposes more: an untried position starts from
+    the position before's estimate, not from the 0.8 continuation prior. On this host's profile
+    (docs/bench/verify-profile-smollm2-2026-12-04.json: 8 rows cost 1.76 steps, 17 rows 2.68),
+    with 0.8 beyond position 7 the plan stopped at 7 for good and a 32-token suffix match (a
+    function sent back) verified 7 of its 16 drafts per step; a lookup that is wrong where it is
+    tried is not trusted any further than before."""
+    import json
+    from pathlib import Path
+
+    prof = json.loads((Path(__file__).resolve().parent.parent / "docs/bench/verify-profile-smollm2-2026-12-04.json").read_text())
+    sps = {int(k): v for k, v in prof.items()}
+    pol = VerifyPolicy.from_profile(sps, 16)
+    for _ in range(6):
+        pol.observe(Source.lookup(32), 7, 7)
+    p = pol.estimate(Source.lookup(32)).p()
+    assert p[7] >= p[6] > 0.9  # position 8, never tried, starts from position 7's estimate
+    assert pol.plan(16, lookup_len=16, match=32, model_drafts=False) == Plan(Source.lookup(32), 16)
+    # a lookup that is right only at its first position stays short
+    pol = VerifyPolicy.from_profile(sps, 16)
+    for _ in range(10):
+        pol.observe(Source.lookup(4), 7, 1)
+    p4 = pol.estimate(Source.lookup(4)).p()
+    assert p4[1] < 0.3 and p4[2] == pytest.approx(0.8, abs=0.01)
+    assert pol.plan(16, lookup_len=16, match=4, model_drafts=False).n <= 2
+    # the drafter's estimate (no continuation prior) is unchanged: the previous position's
+    e = AcceptanceEstimate(8)
+    for _ in range(5):
+        e.observe(3, 3)
+    q = e.p()
+    assert np.allclose(q[3:], q[3]) and q[3] == pytest.approx((0 + q[2] * 2.0) / 2.0)
+
+
 def test_source_carries_its_kind_and_match():
     assert [str(s) for s in (Source.NONE, Source.DRAFTER, Source.LOOKUP, Source.lookup(3))] == [
         "none", "drafter", "lookup", "lookup3"]

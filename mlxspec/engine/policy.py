@@ -88,9 +88,10 @@ class AcceptanceEstimate:
     decay: float = 0.9
     prior_mean: float = 0.3  # optimistic enough to try a new drafter, cheap to unlearn
     prior_weight: float = 2.0
-    # prior of positions >= 2 (conditional on the previous draft accepted); None = the previous
-    # position's estimate. A lookup copies a span: once its first token is right, the next
-    # ones usually are (measured on held-out code: 0.75-0.95 conditional acceptance)
+    # prior of positions >= 2 (conditional on the previous draft accepted), or the previous
+    # position's estimate where that is higher; None = the previous position's estimate. A lookup
+    # copies a span: once its first token is right, the next ones usually are (measured on
+    # held-out code: 0.75-0.95 conditional acceptance)
     continuation_prior: float | None = None
     # a prior per position (set by the policy for a lookup match length from what it learned of
     # shorter matches); None: prior_mean, then continuation_prior / the previous position's
@@ -111,16 +112,24 @@ class AcceptanceEstimate:
 
     def p(self) -> np.ndarray:
         """Posterior means; position i's prior is position i-1's estimate (position 1's is
-        prior_mean), so a drafter that is right early is trusted with longer drafts quickly;
-        where prior_vec is set, position i's prior is prior_vec[i] instead."""
+        prior_mean), so a drafter that is right early is trusted with longer drafts quickly.
+        With continuation_prior (a lookup): position i's prior is the higher of it and position
+        i-1's estimate: a lookup right 7 times in 7 at every position it was verified at is not
+        assumed worse at position 8, which is never tried while the plan stops at 7, so its
+        estimate would never learn otherwise. Where prior_vec is set, position i's prior is
+        prior_vec[i] (position 1), or the higher of the two (later positions of a lookup)."""
         out = np.empty(self.size)
-        prior = self.prior_mean
         for i in range(self.size):
+            if i == 0:
+                prior = self.prior_mean
+            elif self.continuation_prior is None:
+                prior = out[i - 1]
+            else:
+                prior = max(self.continuation_prior, out[i - 1])
             if self.prior_vec is not None:
-                prior = float(self.prior_vec[i])
-            out[i] = prior = (self.hit[i] + prior * self.prior_weight) / (self.tried[i] + self.prior_weight)
-            if self.continuation_prior is not None:
-                prior = self.continuation_prior
+                pv = float(self.prior_vec[i])
+                prior = pv if i == 0 or self.continuation_prior is None else max(pv, prior)
+            out[i] = (self.hit[i] + prior * self.prior_weight) / (self.tried[i] + self.prior_weight)
         return out
 
 
