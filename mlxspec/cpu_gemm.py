@@ -42,6 +42,11 @@ def _x86() -> bool:
     return platform.machine() in ("x86_64", "AMD64")
 
 
+def has_avx512() -> bool:
+    """Whether this CPU has AVX-512F (what the small GEMM computes with)."""
+    return " avx512f" in _cpu_flags()
+
+
 def _cpu_flags() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -82,12 +87,19 @@ def load_global() -> ctypes.CDLL | None:
     if not _x86():
         _STATE["why"] = f"x86-64 only (this is {platform.machine()})"
         return None
+    if not has_avx512():
+        # not loaded at all: loaded with RTLD_GLOBAL and unattached, its cblas_sgemm would take
+        # MLX's calls and find no OpenBLAS behind it (RTLD_NEXT from a dlopen'ed library does
+        # not see the global scope): a segfault on the first GEMM (seen on an AVX2-only EPYC)
+        _STATE["why"] = "this CPU has no AVX-512"
+        return None
     path = build()
     if path is None:
         return None
     lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-    if not lib.mlxspec_small_gemm_available():
+    if not lib.mlxspec_small_gemm_available():  # built without it after all: forward only
         _STATE["why"] = "this CPU has no AVX-512"
+        _STATE["forward_only"] = lib
         return None
     _STATE["lib"] = lib
     return lib
@@ -105,6 +117,9 @@ def preload() -> bool:
     if preloaded:  # LD_PRELOAD=$(python -m mlxspec.blas) put it in front already
         _STATE["lib"] = ctypes.CDLL(preloaded)
         return device.preload_openblas()
+    if enabled() and _x86() and not has_avx512():  # nothing it could compute here: never loaded
+        _STATE["why"] = "this CPU has no AVX-512"
+        return device.preload_openblas()
     if not enabled() or "mlx.core" in sys.modules or device.openblas_loaded() or device.find_openblas() is None:
         if enabled():
             _STATE["why"] = ("OpenBLAS or MLX was loaded before it: import mlxspec first, or "
@@ -116,6 +131,8 @@ def preload() -> bool:
         small, _STATE["why"] = None, f"cannot load it: {e}"
     if not device.preload_openblas():
         return False
+    if small is None:
+        small = _STATE.pop("forward_only", None)  # loaded, cannot compute: it must still forward
     if small is not None:
         attach(small, ctypes.CDLL(device.find_openblas()))  # the handle of the copy just loaded
     return True
@@ -129,7 +146,7 @@ def preload_paths() -> list[str]:
     ob = device.find_openblas()
     if not ob:
         return []
-    if enabled() and _x86():
+    if enabled() and _x86() and has_avx512():
         path = build()
         if path is not None:
             return [str(path), ob]
