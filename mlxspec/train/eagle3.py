@@ -508,6 +508,10 @@ def train_eagle3(target, stores, out: str | Path, tc: Eagle3TrainConfig, heldout
             if reload is not None:  # windows a concurrent preparation finished since
                 windows.reload(reload(), tc.seed + step)
     bar.close()
+    if run_loss is not None and not (history and history[-1].get("step") == step and "loss" in history[-1]):
+        # the curve ends at the last step (a run shorter than 20 steps has a loss point too)
+        history.append({"step": step, "minutes": seconds / 60, "loss": run_loss, "train_acc": run_acc.tolist(),
+                        "positions_per_s": b["positions"] / dt, "lr": float(opt.learning_rate)})
     if heldout and (not history or history[-1].get("step") != step or "heldout" not in history[-1]):
         evaluate()
     checkpoint()
