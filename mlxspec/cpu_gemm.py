@@ -42,6 +42,9 @@ def _x86() -> bool:
     return platform.machine() in ("x86_64", "AMD64")
 
 
+NO_AVX512 = "this CPU has no AVX-512"
+
+
 def has_avx512() -> bool:
     """Whether this CPU has AVX-512F (what the small GEMM computes with)."""
     return " avx512f" in _cpu_flags()
@@ -83,25 +86,21 @@ def build(out_dir: Path | None = None, cc: str | None = None) -> Path | None:
 
 
 def load_global() -> ctypes.CDLL | None:
-    """Build and load it into the global symbol scope (call before OpenBLAS and MLX load)."""
+    """Build and load it into the global symbol scope (call before OpenBLAS and MLX load) -> the
+    library, which the caller must attach to OpenBLAS (`attach`) whether or not it computes:
+    loaded with RTLD_GLOBAL, its cblas_sgemm takes MLX's calls, and unattached it finds no
+    OpenBLAS behind it (RTLD_NEXT from a dlopen'ed library does not see the global scope)."""
     if not _x86():
         _STATE["why"] = f"x86-64 only (this is {platform.machine()})"
-        return None
-    if not has_avx512():
-        # not loaded at all: loaded with RTLD_GLOBAL and unattached, its cblas_sgemm would take
-        # MLX's calls and find no OpenBLAS behind it (RTLD_NEXT from a dlopen'ed library does
-        # not see the global scope): a segfault on the first GEMM (seen on an AVX2-only EPYC)
-        _STATE["why"] = "this CPU has no AVX-512"
         return None
     path = build()
     if path is None:
         return None
     lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-    if not lib.mlxspec_small_gemm_available():  # built without it after all: forward only
-        _STATE["why"] = "this CPU has no AVX-512"
-        _STATE["forward_only"] = lib
-        return None
-    _STATE["lib"] = lib
+    if lib.mlxspec_small_gemm_available():
+        _STATE["lib"] = lib
+    else:  # built without AVX-512 after all: it only forwards
+        _STATE["why"] = NO_AVX512
     return lib
 
 
@@ -117,8 +116,10 @@ def preload() -> bool:
     if preloaded:  # LD_PRELOAD=$(python -m mlxspec.blas) put it in front already
         _STATE["lib"] = ctypes.CDLL(preloaded)
         return device.preload_openblas()
-    if enabled() and _x86() and not has_avx512():  # nothing it could compute here: never loaded
-        _STATE["why"] = "this CPU has no AVX-512"
+    if enabled() and _x86() and not has_avx512():
+        # nothing it could compute here: never loaded (loaded and left unattached, it once
+        # forwarded to nothing: a segfault on the first GEMM, seen on an AVX2-only EPYC)
+        _STATE["why"] = NO_AVX512
         return device.preload_openblas()
     if not enabled() or "mlx.core" in sys.modules or device.openblas_loaded() or device.find_openblas() is None:
         if enabled():
@@ -131,8 +132,6 @@ def preload() -> bool:
         small, _STATE["why"] = None, f"cannot load it: {e}"
     if not device.preload_openblas():
         return False
-    if small is None:
-        small = _STATE.pop("forward_only", None)  # loaded, cannot compute: it must still forward
     if small is not None:
         attach(small, ctypes.CDLL(device.find_openblas()))  # the handle of the copy just loaded
     return True

@@ -314,7 +314,7 @@ def _replay(target, tok, users, a) -> int:
                             ("after a 2-token match in the request or earlier answers", True, 2)):
         turns = copy_ceiling(convo, steps, n, shared, a.fresh_x, min_match=m)
         gen = sum(len(ans) - 1 for _, ans in convo)
-        total = sum((len(ans) - 1) / t["x_ar"] for (_, ans), t in zip(convo, turns))
+        total = sum((len(ans) - 1) / t["x_ar"] for (_, ans), t in zip(convo, turns) if t["x_ar"])  # None: nothing generated
         ceiling[name] = {"turns": turns, "overall_x_ar": round(gen / total, 3)}
     report = {"command": "scripts/agent_bench.py " + " ".join(sys.argv[1:]),
               "date": time.strftime("%Y-%m-%d %H:%M"), "max_tokens": a.max_tokens,

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import sys
 import time
 
@@ -44,8 +45,8 @@ def read_profile(path: str) -> dict[int, float]:
     except (OSError, ValueError, AttributeError) as e:
         raise SystemExit(f"lookup_heldout: --profile {path}: not a verify profile ({e}); "
                          "give a JSON of length -> steps/second, e.g. docs/bench/verify-profile-smollm2-2026-12-04.json")
-    if sorted(sps) != list(range(1, len(sps) + 1)) or len(sps) < 2 or min(sps.values()) <= 0:
-        raise SystemExit(f"lookup_heldout: --profile {path}: lengths must run 1..n with positive steps/second")
+    if sorted(sps) != list(range(1, len(sps) + 1)) or len(sps) < 2 or not all(0 < v < math.inf for v in sps.values()):
+        raise SystemExit(f"lookup_heldout: --profile {path}: lengths must run 1..n with positive, finite steps/second")
     return sps
 
 

@@ -589,6 +589,9 @@ def test_lookup_heldout_reads_a_committed_profile(smollm2, tmp_path):
     bad.write_text('{"1": 10.0, "3": 5.0}')
     with pytest.raises(SystemExit, match="lengths must run 1..n"):
         mod.main(["--fixed-costs", "--profile", str(bad)])
+    bad.write_text('{"1": 10.0, "2": NaN}')
+    with pytest.raises(SystemExit, match="positive, finite"):
+        mod.main(["--fixed-costs", "--profile", str(bad)])
     bad.write_text("not json")
     with pytest.raises(SystemExit, match="not a verify profile"):
         mod.main(["--fixed-costs", "--profile", str(bad)])

@@ -462,14 +462,15 @@ class SuffixLookup:
         """Up to k tokens to follow `anchor` -> (tokens, bucketed match length; 0 if none)."""
         if k <= 0:
             return [], 0
-        kw = dict(alpha=self.alpha, min_prob=self.min_prob, min_match=self.min_match)
+        kw = dict(alpha=self.alpha, min_prob=self.min_prob)
         loc = self.local
-        best = loc.propose(loc.last[self.doc], len(loc.docs[self.doc]), int(anchor), k, own=self.doc, **kw)
+        best = loc.propose(loc.last[self.doc], len(loc.docs[self.doc]), int(anchor), k, own=self.doc,
+                           min_match=self.min_match, **kw)
         if self.shared is not None:
             with self.shared.lock:  # no rebuild between finding the match and reading it
                 v, l = self.matcher.where()
                 other = self.shared.propose(v, l, int(anchor), k, own=self.shared_doc,
-                                            **{**kw, "min_match": self.shared_min_match})
+                                            min_match=self.shared_min_match, **kw)
             if other[2] > best[2]:
                 best = other
         toks, match, _ = best

@@ -476,6 +476,11 @@ def train_eagle3(target, stores, out: str | Path, tc: Eagle3TrainConfig, heldout
     last_eval, last_save = seconds, seconds
     bar = tqdm(total=int(budget), initial=int(min(seconds, budget)), unit="s", desc="eagle3 train", disable=None)
     run_loss, run_acc, pos_done = None, None, 0.0
+
+    def train_point() -> dict:  # the running loss and accuracy, after the step just taken
+        return {"step": step, "minutes": seconds / 60, "loss": run_loss, "train_acc": run_acc.tolist(),
+                "positions_per_s": b["positions"] / dt, "lr": float(opt.learning_rate)}
+
     while seconds < budget and (stop_after is None or step < stop_after):
         t0, c0 = time.perf_counter(), time.process_time()
         b = windows(tc.seqs_per_step)
@@ -497,8 +502,7 @@ def train_eagle3(target, stores, out: str | Path, tc: Eagle3TrainConfig, heldout
         bar.update(int(seconds) - bar.n if int(seconds) > bar.n else 0)
         bar.set_postfix(loss=f"{run_loss:.3f}", acc1=f"{run_acc[0]:.3f}", pos_s=f"{b['positions'] / dt:.0f}")
         if step % 20 == 0:
-            history.append({"step": step, "minutes": seconds / 60, "loss": run_loss, "train_acc": run_acc.tolist(),
-                            "positions_per_s": b["positions"] / dt, "lr": float(opt.learning_rate)})
+            history.append(train_point())
         if heldout and seconds - last_eval >= tc.heldout_minutes * 60:
             evaluate()
             last_eval = seconds
@@ -509,9 +513,7 @@ def train_eagle3(target, stores, out: str | Path, tc: Eagle3TrainConfig, heldout
                 windows.reload(reload(), tc.seed + step)
     bar.close()
     if run_loss is not None and not (history and history[-1].get("step") == step and "loss" in history[-1]):
-        # the curve ends at the last step (a run shorter than 20 steps has a loss point too)
-        history.append({"step": step, "minutes": seconds / 60, "loss": run_loss, "train_acc": run_acc.tolist(),
-                        "positions_per_s": b["positions"] / dt, "lr": float(opt.learning_rate)})
+        history.append(train_point())  # the curve ends at the last step (a run under 20 steps has one too)
     if heldout and (not history or history[-1].get("step") != step or "heldout" not in history[-1]):
         evaluate()
     checkpoint()
