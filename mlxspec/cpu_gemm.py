@@ -13,7 +13,7 @@ the source and the CPU's flags, and loaded with RTLD_GLOBAL before OpenBLAS
 (`preload`, which `import mlxspec` runs in place of `mlxspec.device.preload_openblas` when it is
 on), so libmlx, loaded after both, binds its calls to it. It
 computes only while OpenBLAS runs one thread (more threads: OpenBLAS's own threaded GEMM).
-Without AVX-512 or a C compiler it is not used (`status` says why). Never imports MLX.
+Without AVX-512F or AVX2 + FMA, or without a C compiler, it is not used (`status` says why). Never imports MLX.
 """
 
 from __future__ import annotations
@@ -42,12 +42,14 @@ def _x86() -> bool:
     return platform.machine() in ("x86_64", "AMD64")
 
 
-NO_AVX512 = "this CPU has no AVX-512"
+NO_SIMD = "this CPU has neither AVX-512F nor AVX2 with FMA"
 
 
-def has_avx512() -> bool:
-    """Whether this CPU has AVX-512F (what the small GEMM computes with)."""
-    return " avx512f" in _cpu_flags()
+def has_simd() -> bool:
+    """Whether this CPU has what the small GEMM computes with: AVX-512F (16 lanes) or AVX2 with
+    FMA (8 lanes; an AMD EPYC without AVX-512, seen here 2026-12-04)."""
+    flags = _cpu_flags().split()
+    return "avx512f" in flags or ("avx2" in flags and "fma" in flags)
 
 
 def _cpu_flags() -> str:
@@ -99,8 +101,8 @@ def load_global() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
     if lib.mlxspec_small_gemm_available():
         _STATE["lib"] = lib
-    else:  # built without AVX-512 after all: it only forwards
-        _STATE["why"] = NO_AVX512
+    else:  # built without the vector instructions after all: it only forwards
+        _STATE["why"] = NO_SIMD
     return lib
 
 
@@ -116,10 +118,10 @@ def preload() -> bool:
     if preloaded:  # LD_PRELOAD=$(python -m mlxspec.blas) put it in front already
         _STATE["lib"] = ctypes.CDLL(preloaded)
         return device.preload_openblas()
-    if enabled() and _x86() and not has_avx512():
+    if enabled() and _x86() and not has_simd():
         # nothing it could compute here: never loaded (loaded and left unattached, it once
-        # forwarded to nothing: a segfault on the first GEMM, seen on an AVX2-only EPYC)
-        _STATE["why"] = NO_AVX512
+        # forwarded to nothing: a segfault on the first GEMM, seen on an EPYC before it had an AVX2 path)
+        _STATE["why"] = NO_SIMD
         return device.preload_openblas()
     if not enabled() or "mlx.core" in sys.modules or device.openblas_loaded() or device.find_openblas() is None:
         if enabled():
@@ -145,7 +147,7 @@ def preload_paths() -> list[str]:
     ob = device.find_openblas()
     if not ob:
         return []
-    if enabled() and _x86() and has_avx512():
+    if enabled() and _x86() and has_simd():
         path = build()
         if path is not None:
             return [str(path), ob]
@@ -185,7 +187,8 @@ def calls() -> int | None:
 def status() -> str:
     """One line: whether it is in use, and why not."""
     if active():
-        return f"small-M GEMM: on ({calls()} products so far)"
+        lanes = int(_STATE["lib"].mlxspec_small_gemm_lanes()) if hasattr(_STATE["lib"], "mlxspec_small_gemm_lanes") else 16
+        return f"small-M GEMM: on ({calls()} products so far; {'AVX-512F' if lanes == 16 else 'AVX2 + FMA'})"
     if not enabled():
         return f"small-M GEMM: off ({ENV}=0)"
     return f"small-M GEMM: not in use: {_STATE.get('why', 'OpenBLAS was loaded before it (import mlxspec first)')}"

@@ -10,7 +10,7 @@ that change mlxspec's device decisions:
   use on the CPU; `auto` (the default, unless OPENBLAS_NUM_THREADS is set) lets
   `mlxspec.blas.ThreadGovernor` follow the load from other processes (`blas_threads_setting`);
 - MLXSPEC_SMALL_GEMM=0: no small-M GEMM of ours in front of OpenBLAS (`mlxspec.cpu_gemm`, used by
-  default on x86-64 with AVX-512 and a C compiler);
+  default on x86-64 with AVX-512F or AVX2 + FMA and a C compiler);
 - MLXSPEC_OPENBLAS=PATH|off and MLXSPEC_NO_BLAS_REEXEC=1: which OpenBLAS `import mlxspec` loads
   on Linux CPU (`off`: none, MLX keeps its wheel's reference BLAS), and the CLI not
   re-executing to preload it (read before MLX is imported, so through `openblas_path` /
@@ -140,6 +140,7 @@ def preload_openblas() -> bool:
     if not sys.platform.startswith("linux") or openblas_disabled():
         return False
     if openblas_loaded():
+        apply_blas_threads_setting()
         return True
     lib = find_openblas()
     if lib is None:
@@ -153,12 +154,36 @@ def preload_openblas() -> bool:
         ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
     except OSError:
         return False
+    apply_blas_threads_setting()
     return True
+
+
+def apply_blas_threads_setting() -> None:
+    """MLXSPEC_BLAS_THREADS=N: OpenBLAS runs N threads from now on (OPENBLAS_NUM_THREADS OpenBLAS
+    reads itself at load). Before 2026-12-05 N only switched the thread governor off and OpenBLAS
+    kept its default, every core. A value that is not a count is left to the CLI's one-line error."""
+    v = os.environ.get(BLAS_THREADS_ENV, "").strip().lower()
+    if not v or v == "auto":
+        return
+    try:
+        n = int(v)
+    except ValueError:
+        return
+    lib = find_openblas() if n >= 1 else None
+    if lib is None:
+        return
+    import ctypes
+
+    try:
+        handle = ctypes.CDLL(lib)
+        handle.openblas_set_num_threads(n)
+    except (OSError, AttributeError):
+        return
 
 
 def small_gemm_enabled() -> bool:
     """`mlxspec.cpu_gemm` in front of OpenBLAS unless MLXSPEC_SMALL_GEMM=0 (does not import MLX;
-    it is used where it can be: x86-64 with AVX-512 and a C compiler)."""
+    it is used where it can be: x86-64 with AVX-512F or AVX2 + FMA, and a C compiler)."""
     return os.environ.get(SMALL_GEMM_ENV, "").strip().lower() not in _OFF
 
 

@@ -233,3 +233,26 @@ def test_import_mlxspec_after_mlx_warns_once_with_the_fix():
     assert len(lines) == 1, err
     assert lines[0].startswith("<string>:4: RuntimeWarning: mlxspec: MLX was imported before mlxspec"), err
     assert f"LD_PRELOAD={blas.find_openblas()} (= $(python -m mlxspec.blas))" in lines[0]
+
+
+@pytest.mark.skipif(not blas.sys.platform.startswith("linux") or not blas.find_openblas(),
+                    reason="Linux with Debian's libopenblas0-pthread (scripts/setup.sh installs it)")
+@pytest.mark.parametrize("preload", [False, True])
+def test_mlxspec_blas_threads_sets_openblas_own_count(preload):
+    """MLXSPEC_BLAS_THREADS=N is the count OpenBLAS runs, whether `import mlxspec` loads OpenBLAS
+    or LD_PRELOAD did (until 2026-12-05 it only switched the governor off, and OpenBLAS kept every
+    core: 'one-thread' training jobs ran two)."""
+    import subprocess
+    import sys
+
+    code = "import mlxspec, mlxspec.blas\nprint(mlxspec.blas.blas_threads())"
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "OPENBLAS_NUM_THREADS")}
+    if preload:
+        env["LD_PRELOAD"] = blas.find_openblas()
+    counts = {}
+    for n in ("1", "2"):
+        r = subprocess.run([sys.executable, "-c", code], env={**env, "MLXSPEC_BLAS_THREADS": n},
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        counts[n] = int(r.stdout.split()[-1])
+    assert counts["1"] == 1 and counts["2"] == 2, counts

@@ -1,17 +1,17 @@
 /* cblas_sgemm for the shapes of a decode or verify step on an x86-64 CPU: C = alpha * A @ B^T +
    beta * C, A [M, K] row-major, B stored [N, K] row-major (an nn.Linear weight, B^T as MLX passes
-   it), 1 <= M <= max_rows. Anything else, or OpenBLAS on more than one thread, goes to the
-   cblas_sgemm this one stands in front of (mlxspec/cpu_gemm.py loads it before OpenBLAS).
+   it), 1 <= M <= max_rows (while OpenBLAS runs more than one thread: M <= threaded_rows). Anything
+   else goes to the cblas_sgemm this one stands in front of (mlxspec/cpu_gemm.py loads it before OpenBLAS).
 
    Why: OpenBLAS packs B for every GEMM; with a few rows that packing, not the arithmetic, is the
    cost, and the weights stream from memory once per step either way. Here each weight row is
    read once, straight from memory, and multiplied with every row of A held in cache: R weight
-   rows x M activation rows of 16-lane accumulators, reduced once per output, while the next R
+   rows x M activation rows of 16-lane (AVX-512F) or 8-lane (AVX2 + FMA) accumulators, reduced once per output, while the next R
    rows are prefetched (without it, 9 rows cost ~1.8x as much: the stream stalled on the FMAs).
 
    Each output C[m, n] sums its products in the same order whatever M is, so a verify row equals
    the decode step of the same token bit for bit (OpenBLAS's kernels differ between M = 1 and
-   M > 1). Built by cc -O3 -march=native; without AVX-512 it only forwards. */
+   M > 1). Built by cc -O3 -march=native; without AVX-512F or AVX2 + FMA it only forwards. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stddef.h>
@@ -23,6 +23,13 @@ typedef int (*threads_fn)(void);
 static sgemm_fn next_sgemm;
 static threads_fn blas_threads;
 static int max_rows = 16;
+/* the largest M computed here while OpenBLAS runs more than one thread: one core streaming the
+   weights once beat two OpenBLAS threads up to 12 rows on a 2-core AVX2 EPYC (SmolLM2-135M, a
+   forward of 1 row 86 ms against 109, 5 rows 141 against 181, 12 rows 270 against 285, 16 rows
+   386 against 227: runs/gemm_rows.py, docs/cli.md) */
+static int threaded_rows = 12;
+
+void mlxspec_small_gemm_set_threaded_rows(int rows) { threaded_rows = rows; }
 /* products computed here; static, so a second copy loaded beside a preloaded one counts its own
    (an exported variable would be interposed by the first copy in the global scope) */
 static long calls;
@@ -37,57 +44,92 @@ void mlxspec_small_gemm_init(void *fallback, void *threads, int rows) {
     max_rows = rows;
 }
 
-int mlxspec_small_gemm_available(void) {
-#ifdef __AVX512F__
-    return 1;
+/* the vector width it computes with: 16 lanes (AVX-512F), 8 (AVX2 with FMA), 0 (neither: it only forwards) */
+#if defined(__AVX512F__)
+#define SMALL_GEMM 16
+#elif defined(__AVX2__) && defined(__FMA__)
+#define SMALL_GEMM 8
+#endif
+
+int mlxspec_small_gemm_lanes(void) {
+#ifdef SMALL_GEMM
+    return SMALL_GEMM;
 #else
     return 0;
 #endif
 }
 
-#ifdef __AVX512F__
+int mlxspec_small_gemm_available(void) { return mlxspec_small_gemm_lanes() > 0; }
+
+#ifdef SMALL_GEMM
 #include <immintrin.h>
+
+#if SMALL_GEMM == 16
+typedef __m512 vec;
+typedef __mmask16 tailmask;
+#define V_ZERO() _mm512_setzero_ps()
+#define V_LOAD(p) _mm512_loadu_ps(p)
+#define V_FMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+#define V_TAIL(rest) ((__mmask16)((1u << (rest)) - 1))
+#define V_LOAD_TAIL(m, p) _mm512_maskz_loadu_ps(m, p)
+#define V_SUM(v) _mm512_reduce_add_ps(v)
+#else
+/* AVX2: 16 vector registers (AVX-512 has 32), so fewer weight rows per block (the CASE table) */
+typedef __m256 vec;
+typedef __m256i tailmask;
+#define V_ZERO() _mm256_setzero_ps()
+#define V_LOAD(p) _mm256_loadu_ps(p)
+#define V_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define V_TAIL(rest) _mm256_cmpgt_epi32(_mm256_set1_epi32(rest), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+#define V_LOAD_TAIL(m, p) _mm256_maskload_ps(p, m)
+static inline float V_SUM(__m256 v) { /* a fixed order: the same sum whatever M is */
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+}
+#endif
 
 __attribute__((always_inline)) static inline void block(int M, int R, int n, int K, float alpha, const float *A,
                                                         int lda, const float *B, int ldb, float beta, float *C,
                                                         int ldc) {
-    __m512 acc[4][16];
+    vec acc[4][16];
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 16
-        for (int m = 0; m < M; m++) acc[r][m] = _mm512_setzero_ps();
-    int K16 = K & ~15;
-    for (int k = 0; k < K16; k += 16) {
-        __m512 w[4];
+        for (int m = 0; m < M; m++) acc[r][m] = V_ZERO();
+    int KV = K & ~(SMALL_GEMM - 1);
+    for (int k = 0; k < KV; k += SMALL_GEMM) {
+        vec w[4];
 #pragma GCC unroll 4
         for (int r = 0; r < R; r++) {  /* and the next block's rows into cache (a prefetch never faults) */
-            w[r] = _mm512_loadu_ps(B + (size_t)(n + r) * ldb + k);
+            w[r] = V_LOAD(B + (size_t)(n + r) * ldb + k);
             _mm_prefetch((const char *)(B + (size_t)(n + r + R) * ldb + k), _MM_HINT_T0);
         }
 #pragma GCC unroll 16
         for (int m = 0; m < M; m++) {
-            __m512 a = _mm512_loadu_ps(A + (size_t)m * lda + k);
+            vec a = V_LOAD(A + (size_t)m * lda + k);
 #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) acc[r][m] = _mm512_fmadd_ps(w[r], a, acc[r][m]);
+            for (int r = 0; r < R; r++) acc[r][m] = V_FMA(w[r], a, acc[r][m]);
         }
     }
-    if (K16 < K) {  /* the tail: masked loads, the same accumulators */
-        __mmask16 tail = (__mmask16)((1u << (K - K16)) - 1);
-        __m512 w[4];
+    if (KV < K) {  /* the tail: masked loads, the same accumulators */
+        tailmask tail = V_TAIL(K - KV);
+        vec w[4];
 #pragma GCC unroll 4
-        for (int r = 0; r < R; r++) w[r] = _mm512_maskz_loadu_ps(tail, B + (size_t)(n + r) * ldb + K16);
+        for (int r = 0; r < R; r++) w[r] = V_LOAD_TAIL(tail, B + (size_t)(n + r) * ldb + KV);
 #pragma GCC unroll 16
         for (int m = 0; m < M; m++) {
-            __m512 a = _mm512_maskz_loadu_ps(tail, A + (size_t)m * lda + K16);
+            vec a = V_LOAD_TAIL(tail, A + (size_t)m * lda + KV);
 #pragma GCC unroll 4
-            for (int r = 0; r < R; r++) acc[r][m] = _mm512_fmadd_ps(w[r], a, acc[r][m]);
+            for (int r = 0; r < R; r++) acc[r][m] = V_FMA(w[r], a, acc[r][m]);
         }
     }
 #pragma GCC unroll 4
     for (int r = 0; r < R; r++)
 #pragma GCC unroll 16
         for (int m = 0; m < M; m++) {
-            float s = _mm512_reduce_add_ps(acc[r][m]);
+            float s = V_SUM(acc[r][m]);
             float *c = C + (size_t)m * ldc + n + r;
             *c = beta == 0.f ? alpha * s : alpha * s + beta * *c;
         }
@@ -108,9 +150,14 @@ __attribute__((always_inline)) static inline void rows(int M, int R, int N, int 
 
 static int small(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta,
                  float *C, int ldc) {
-    switch (M) {
+    switch (M) {  /* weight rows per block: R x M accumulators, R weights and one A row in registers */
+#if SMALL_GEMM == 16
         CASE(1, 4) CASE(2, 4) CASE(3, 4) CASE(4, 4) CASE(5, 4) CASE(6, 4) CASE(7, 3) CASE(8, 3)
         CASE(9, 2) CASE(10, 2) CASE(11, 2) CASE(12, 2) CASE(13, 1) CASE(14, 1) CASE(15, 1) CASE(16, 1)
+#else
+        CASE(1, 4) CASE(2, 4) CASE(3, 3) CASE(4, 3) CASE(5, 2) CASE(6, 2) CASE(7, 1) CASE(8, 1)
+        CASE(9, 1) CASE(10, 1) CASE(11, 1) CASE(12, 1) CASE(13, 1) CASE(14, 1) CASE(15, 1) CASE(16, 1)
+#endif
     }
     return 0;
 }
@@ -120,13 +167,13 @@ static int threads_looked_up;
 
 void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
                  const float *B, int ldb, float beta, float *C, int ldc) {
-#ifdef __AVX512F__
+#ifdef SMALL_GEMM
     if (!blas_threads && !threads_looked_up) {  /* preloaded (LD_PRELOAD) rather than attached: find it */
         blas_threads = (threads_fn)dlsym(RTLD_DEFAULT, "openblas_get_num_threads");
         threads_looked_up = 1;
     }
     if (order == RowMajor && ta == NoTrans && tb == Trans && M >= 1 && M <= max_rows && N >= 1 && K >= 1 &&
-        lda >= K && ldb >= K && ldc >= N && (blas_threads == NULL || blas_threads() <= 1) &&
+        lda >= K && ldb >= K && ldc >= N && (M <= threaded_rows || blas_threads == NULL || blas_threads() <= 1) &&
         small(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) {
         __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
         return;
