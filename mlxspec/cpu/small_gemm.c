@@ -25,8 +25,8 @@ static threads_fn blas_threads;
 static int max_rows = 16;
 /* the largest M computed here while OpenBLAS runs more than one thread: one core streaming the
    weights once beat two OpenBLAS threads up to 12 rows on a 2-core AVX2 EPYC (SmolLM2-135M, a
-   forward of 1 row 86 ms against 109, 5 rows 141 against 181, 12 rows 270 against 285, 16 rows
-   386 against 227: runs/gemm_rows.py, docs/cli.md) */
+   forward of 1 row 73 ms against 110, 5 rows 124 against 178, 12 rows 217 against 273, 16 rows
+   252 against 213: scripts/gemm_rows.py, docs/cli.md) */
 static int threaded_rows = 12;
 
 void mlxspec_small_gemm_set_threaded_rows(int rows) { threaded_rows = rows; }
@@ -63,6 +63,10 @@ int mlxspec_small_gemm_available(void) { return mlxspec_small_gemm_lanes() > 0; 
 
 #ifdef SMALL_GEMM
 #include <immintrin.h>
+
+#ifndef AVX2_GROUPS
+#define AVX2_GROUPS 1
+#endif
 
 #if SMALL_GEMM == 16
 typedef __m512 vec;
@@ -143,6 +147,36 @@ __attribute__((always_inline)) static inline void rows(int M, int R, int N, int 
     for (; n < N; n++) block(M, 1, n, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
+/* AVX2 above 4 rows: R weight rows against 4 activation rows at a time (12 accumulators, 3
+   weights and one A row: the 16 registers), the block's weight rows read back from L1 for each
+   group of 4, so no accumulator spills; each output's sum is the same as with all rows at once */
+#define GROUP(m)                                                                                    \
+    block(m, R, n, K, alpha, A + (size_t)m0 * lda, lda, B, ldb, beta, C + (size_t)m0 * ldc, ldc)
+__attribute__((always_inline)) static inline void groups(int M, int R, int n, int K, float alpha, const float *A,
+                                                         int lda, const float *B, int ldb, float beta, float *C,
+                                                         int ldc) {
+    int m0 = 0;
+    for (; m0 + 4 <= M; m0 += 4) GROUP(4);
+    switch (M - m0) {
+        case 1: GROUP(1); break;
+        case 2: GROUP(2); break;
+        case 3: GROUP(3); break;
+    }
+}
+
+__attribute__((always_inline)) static inline void grouped(int M, int R, int N, int K, float alpha, const float *A,
+                                                          int lda, const float *B, int ldb, float beta, float *C,
+                                                          int ldc) {
+    int n = 0;
+    for (; n + R <= N; n += R) groups(M, R, n, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    for (; n < N; n++) groups(M, 1, n, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+#define GROUPED(m, r) \
+    case m:           \
+        grouped(m, r, N, K, alpha, A, lda, B, ldb, beta, C, ldc); \
+        return 1;
+
 #define CASE(m, r) \
     case m:        \
         rows(m, r, N, K, alpha, A, lda, B, ldb, beta, C, ldc); \
@@ -155,8 +189,14 @@ static int small(int M, int N, int K, float alpha, const float *A, int lda, cons
         CASE(1, 4) CASE(2, 4) CASE(3, 4) CASE(4, 4) CASE(5, 4) CASE(6, 4) CASE(7, 3) CASE(8, 3)
         CASE(9, 2) CASE(10, 2) CASE(11, 2) CASE(12, 2) CASE(13, 1) CASE(14, 1) CASE(15, 1) CASE(16, 1)
 #else
+#if AVX2_GROUPS
+        CASE(1, 4) CASE(2, 4) CASE(3, 3) CASE(4, 3) GROUPED(5, 3) GROUPED(6, 3) GROUPED(7, 3) GROUPED(8, 3)
+        GROUPED(9, 3) GROUPED(10, 3) GROUPED(11, 3) GROUPED(12, 3) GROUPED(13, 3) GROUPED(14, 3) GROUPED(15, 3)
+        GROUPED(16, 3)
+#else
         CASE(1, 4) CASE(2, 4) CASE(3, 3) CASE(4, 3) CASE(5, 2) CASE(6, 2) CASE(7, 1) CASE(8, 1)
         CASE(9, 1) CASE(10, 1) CASE(11, 1) CASE(12, 1) CASE(13, 1) CASE(14, 1) CASE(15, 1) CASE(16, 1)
+#endif
 #endif
     }
     return 0;
