@@ -74,7 +74,7 @@ def build(out_dir: Path | None = None, cc: str | None = None) -> Path | None:
     tmp = lib.with_name(f"{lib.stem}.{os.getpid()}.tmp.so")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        r = subprocess.run([cc, "-O3", "-march=native", "-shared", "-fPIC", "-o", str(tmp), str(SOURCE), "-ldl"],
+        r = subprocess.run([cc, "-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-o", str(tmp), str(SOURCE), "-ldl"],
                            capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.SubprocessError) as e:
         _STATE["why"] = f"cannot build it ({cc}: {e})"

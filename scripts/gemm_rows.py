@@ -3,8 +3,9 @@
 
     LD_PRELOAD="$(python -m mlxspec.blas)" python scripts/gemm_rows.py [--json FILE]
 
-Rows: OpenBLAS at every core for everything; ours up to 16 rows beside OpenBLAS's threads; one
-thread in all. Milliseconds, the median of 8 forwards after one warm-up, at a context of 300."""
+Rows: OpenBLAS at every core for everything; ours up to 16 rows on one core beside OpenBLAS's
+threads; ours split over two cores (the default while OpenBLAS may run two threads); one thread
+in all. Milliseconds, the median of 8 forwards after one warm-up, at a context of 300."""
 
 from __future__ import annotations
 
@@ -46,12 +47,15 @@ def main(argv=None) -> int:
 
     cores = mlxspec.blas.blas_threads()
     rows = {}
-    for name, threads, ours in (("openblas", cores, 0), ("ours_beside_threads", cores, 16), ("one_thread", 1, 16)):
+    for name, threads, ours, split in (("openblas", cores, 0, 1), ("ours_one_core", cores, 16, 0),
+                                       ("ours_two_cores", cores, 16, 1), ("one_thread", 1, 16, 1)):
         mlxspec.blas.set_blas_threads(threads)
         lib.mlxspec_small_gemm_set_threaded_rows(ours)
+        lib.mlxspec_small_gemm_set_split(split)
         rows[name] = {L: ms(L) for L in (1, 2, 3, 4, 5, 6, 8, 9, 10, 12, 16)}
         print(name, rows[name], file=sys.stderr, flush=True)
-    lib.mlxspec_small_gemm_set_threaded_rows(12)
+    lib.mlxspec_small_gemm_set_threaded_rows(16)
+    lib.mlxspec_small_gemm_set_split(1)
     out = {"command": "scripts/gemm_rows.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "threads": cores, "status": cpu_gemm.status(), "ms": rows}
     text = json.dumps(out, indent=1)

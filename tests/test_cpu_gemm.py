@@ -114,25 +114,35 @@ def test_forwarded_products_are_openblas_own(libs):
     assert _calls(ours) == before
 
 
-def test_it_steps_aside_for_more_than_12_rows_while_openblas_runs_more_than_one_thread(libs):
-    """Up to 12 rows one core of ours beats OpenBLAS's threads (docs/cli.md); above, OpenBLAS's
-    threads compute, and with one thread we compute up to 16."""
+@needs_simd
+def test_beside_openblas_threads_it_splits_a_product_over_two_cores_bit_for_bit(libs):
+    """While OpenBLAS runs more than one thread (the governor saw the cores free), a product big
+    enough is split by output columns between the caller and one worker of ours: every output
+    the same bit for bit as on one core, odd widths included; above 16 rows OpenBLAS computes."""
     ours, ob = libs
     threads = [2]
     fn = ctypes.CFUNCTYPE(ctypes.c_int)(lambda: threads[0])
     _attach(ours, ob, fn)
-    avail = int(ours.mlxspec_small_gemm_available())
+    rng = np.random.default_rng(7)
     try:
-        W = np.ones((5, 32), np.float32)
-        for M, ours_at_2 in ((3, True), (12, True), (13, False)):
+        for M, N, K in ((1, 1536, 576), (5, 1037, 576), (16, 576, 1536), (3, 37, 5)):
+            A = rng.standard_normal((M, K), dtype=np.float32)
+            W = rng.standard_normal((N, K), dtype=np.float32)
+            C0 = rng.standard_normal((M, N), dtype=np.float32)
             threads[0] = 2
-            A = np.ones((M, 32), np.float32)
             before = _calls(ours)
-            assert np.array_equal(_gemm(ours, A, W), np.full((M, 5), 32.0, np.float32))
-            assert _calls(ours) == before + (avail if ours_at_2 else 0), M
+            two = _gemm(ours, A, W, alpha=0.5, beta=-2.0, C=C0, pad=3)
+            assert _calls(ours) == before + 1, (M, N, K)
             threads[0] = 1
-            assert np.array_equal(_gemm(ours, A, W), np.full((M, 5), 32.0, np.float32))
-            assert _calls(ours) == before + avail * (1 + ours_at_2), M
+            one = _gemm(ours, A, W, alpha=0.5, beta=-2.0, C=C0, pad=3)
+            assert np.array_equal(two, one), (M, N, K)
+            ref = 0.5 * (A.astype(np.float64) @ W.astype(np.float64).T) - 2.0 * C0
+            assert np.abs(two - ref).max() <= 1e-6 * np.sqrt(K) * np.abs(A).max() * np.abs(W).max() + 1e-5
+        threads[0] = 2
+        A = np.ones((17, 32), np.float32)
+        before = _calls(ours)
+        assert np.array_equal(_gemm(ours, A, np.ones((5, 32), np.float32)), np.full((17, 5), 32.0, np.float32))
+        assert _calls(ours) == before  # OpenBLAS computed it
     finally:
         _attach(ours, ob)
 

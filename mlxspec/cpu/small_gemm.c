@@ -23,11 +23,11 @@ typedef int (*threads_fn)(void);
 static sgemm_fn next_sgemm;
 static threads_fn blas_threads;
 static int max_rows = 16;
-/* the largest M computed here while OpenBLAS runs more than one thread: one core streaming the
-   weights once beat two OpenBLAS threads up to 12 rows on a 2-core AVX2 EPYC (SmolLM2-135M, a
-   forward of 1 row 73 ms against 110, 5 rows 124 against 178, 12 rows 217 against 273, 16 rows
-   252 against 213: scripts/gemm_rows.py, docs/cli.md) */
-static int threaded_rows = 12;
+/* the largest M computed here while OpenBLAS runs more than one thread (split over two cores,
+   `split`): 16, every product it computes; one core of ours alone had beaten OpenBLAS's two
+   threads up to 12 rows on a 2-core AVX2 EPYC (SmolLM2-135M, a forward of 1 row 73 ms against
+   110, 12 rows 217 against 273, 16 rows 252 against 213: scripts/gemm_rows.py, docs/cli.md) */
+static int threaded_rows = 16;
 
 void mlxspec_small_gemm_set_threaded_rows(int rows) { threaded_rows = rows; }
 /* products computed here; static, so a second copy loaded beside a preloaded one counts its own
@@ -201,6 +201,96 @@ static int small(int M, int N, int K, float alpha, const float *A, int lda, cons
     }
     return 0;
 }
+
+/* Two cores: while OpenBLAS may run more than one thread (the governor saw the cores free), a
+   product big enough is split by output columns between the calling thread and one worker of
+   ours. Each output is still summed by one thread in the same order, so the result is the same
+   bit for bit as on one core. The worker spins a little after each part (the next product of a
+   forward comes within microseconds), then sleeps on a condition variable. */
+#include <pthread.h>
+enum { SPLIT_MACS = 1 << 17, SPIN = 20000 };
+static struct {
+    int M, N, K, lda, ldb, ldc;
+    float alpha, beta;
+    const float *A, *B;
+    float *C;
+} job;
+static int job_gen, done_gen, worker_up, busy;
+static int split_ok = 1;  /* 0: never split (mlxspec_small_gemm_set_split) */
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
+
+void mlxspec_small_gemm_set_split(int on) { split_ok = on; }
+
+static void *worker(void *arg) {
+    (void)arg;
+    int seen = 0;
+    for (;;) {
+        int g, spins = 0;
+        while ((g = __atomic_load_n(&job_gen, __ATOMIC_ACQUIRE)) == seen) {
+            if (++spins < SPIN) {
+                _mm_pause();
+                continue;
+            }
+            pthread_mutex_lock(&mu);
+            while ((g = __atomic_load_n(&job_gen, __ATOMIC_ACQUIRE)) == seen) pthread_cond_wait(&cv, &mu);
+            pthread_mutex_unlock(&mu);
+            break;
+        }
+        seen = g;
+        small(job.M, job.N, job.K, job.alpha, job.A, job.lda, job.B, job.ldb, job.beta, job.C, job.ldc);
+        __atomic_store_n(&done_gen, g, __ATOMIC_RELEASE);
+    }
+    return NULL;
+}
+
+static void after_fork_child(void) { /* the worker does not exist in a forked child */
+    worker_up = 0;
+    busy = 0;
+    job_gen = done_gen = 0;
+    pthread_mutex_init(&mu, NULL);
+    pthread_cond_init(&cv, NULL);
+}
+
+static int start_worker(void) {
+    static int tried;
+    if (worker_up) return 1;
+    if (tried) return 0;
+    tried = 1;
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &at, worker, NULL) != 0) return 0;
+    pthread_atfork(NULL, NULL, after_fork_child);
+    worker_up = 1;
+    tried = 0;
+    return 1;
+}
+
+/* the product on two cores -> 1, or 0 (not worth it, the worker is busy with another caller's
+   product, or it cannot start): the caller computes it alone */
+static int split(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+                 float *C, int ldc) {
+    if (!split_ok || N < 8 || (long)M * N * K < SPLIT_MACS) return 0;
+    if (__atomic_exchange_n(&busy, 1, __ATOMIC_ACQUIRE)) return 0;
+    if (!start_worker()) {
+        __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
+        return 0;
+    }
+    int n0 = (N / 2) & ~3;
+    job.M = M, job.N = N - n0, job.K = K, job.alpha = alpha, job.beta = beta;
+    job.A = A, job.lda = lda, job.B = B + (size_t)n0 * ldb, job.ldb = ldb, job.C = C + n0, job.ldc = ldc;
+    int g = job_gen + 1;
+    pthread_mutex_lock(&mu);
+    __atomic_store_n(&job_gen, g, __ATOMIC_RELEASE);
+    pthread_cond_signal(&cv);
+    pthread_mutex_unlock(&mu);
+    small(M, n0, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    while (__atomic_load_n(&done_gen, __ATOMIC_ACQUIRE) != g) _mm_pause();
+    __atomic_store_n(&busy, 0, __ATOMIC_RELEASE);
+    return 1;
+}
 #endif
 
 static int threads_looked_up;
@@ -213,10 +303,14 @@ void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, co
         threads_looked_up = 1;
     }
     if (order == RowMajor && ta == NoTrans && tb == Trans && M >= 1 && M <= max_rows && N >= 1 && K >= 1 &&
-        lda >= K && ldb >= K && ldc >= N && (M <= threaded_rows || blas_threads == NULL || blas_threads() <= 1) &&
-        small(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) {
-        __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
-        return;
+        lda >= K && ldb >= K && ldc >= N) {
+        int threads = blas_threads == NULL ? 1 : blas_threads();
+        if ((M <= threaded_rows || threads <= 1) &&
+            ((threads > 1 && split(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) ||
+             small(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc))) {
+            __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
+            return;
+        }
     }
 #endif
     if (!next_sgemm) next_sgemm = (sgemm_fn)dlsym(RTLD_NEXT, "cblas_sgemm");
