@@ -33,7 +33,8 @@ CONFIGS = {"default": dict(), "default+suffix": dict(lookup="suffix"),
            "default+suffix-local": dict(lookup="suffix", suffix_budget=0),
            "dspark": dict(draft=DSPARK), "dspark+suffix": dict(draft=DSPARK, lookup="suffix"),
            "dspark+suffix-local": dict(draft=DSPARK, lookup="suffix", suffix_budget=0),
-           "lookup": dict(spec_type="ngram"), "suffix": dict(spec_type="ngram", lookup="suffix")}
+           "lookup": dict(spec_type="ngram"), "suffix": dict(spec_type="ngram", lookup="suffix"),
+           "eagle3": dict(ngram=False), "dspark-alone": dict(draft=DSPARK, ngram=False)}
 CATEGORIES = ("code", "prose", "chat")
 
 

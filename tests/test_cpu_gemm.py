@@ -43,7 +43,7 @@ ONE_THREAD = ctypes.CFUNCTYPE(ctypes.c_int)(lambda: 1)  # as if OpenBLAS ran one
 
 def _attach(ours, ob, threads=ONE_THREAD):
     ours.mlxspec_small_gemm_init(ctypes.cast(ob.cblas_sgemm, ctypes.c_void_p), ctypes.cast(threads, ctypes.c_void_p),
-                                 16)
+                                 cpu_gemm.MAX_ROWS)
 
 
 def _p(a):
@@ -77,11 +77,23 @@ SIMD = cpu_gemm.has_simd()
 needs_simd = pytest.mark.skipif(not SIMD, reason="this CPU has neither AVX-512F nor AVX2 + FMA: the small GEMM is not loaded on it")
 
 
+def _kernel_rows(ours) -> int:
+    """The most rows the library computes: 16 with AVX-512F, 24 with AVX2 (small_gemm.c)."""
+    return 16 if ours.mlxspec_small_gemm_lanes() == 16 else 24
+
+
 @needs_simd
-@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 16])
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 16, 17, 21, 24])
 @pytest.mark.parametrize("N,K", [(1536, 576), (37, 5), (50, 17), (7, 1000)])
 def test_small_products_equal_float64(libs, M, N, K):
-    ours, _ = libs
+    ours, ob = libs
+    if M > _kernel_rows(ours):  # more rows than this CPU's kernel computes (AVX-512F: 16): OpenBLAS's own
+        rng = np.random.default_rng(M)
+        A = rng.standard_normal((M, K), dtype=np.float32)
+        W = rng.standard_normal((N, K), dtype=np.float32)
+        before = _calls(ours)
+        assert np.array_equal(_gemm(ours, A, W), _gemm(ob, A, W)) and _calls(ours) == before
+        return
     rng = np.random.default_rng(M * 1000 + N + K)
     A = rng.standard_normal((M, K), dtype=np.float32)
     W = rng.standard_normal((N, K), dtype=np.float32)
@@ -100,10 +112,11 @@ def test_small_products_equal_float64(libs, M, N, K):
 
 
 def test_forwarded_products_are_openblas_own(libs):
-    """More than 16 rows, column-major, W not transposed: OpenBLAS's result exactly, not counted."""
+    """More rows than the kernel computes, column-major, W not transposed: OpenBLAS's result
+    exactly, not counted."""
     ours, ob = libs
     rng = np.random.default_rng(0)
-    A = rng.standard_normal((17, 64), dtype=np.float32)
+    A = rng.standard_normal((_kernel_rows(ours) + 1 if SIMD else 25, 64), dtype=np.float32)
     W = rng.standard_normal((40, 64), dtype=np.float32)
     before = _calls(ours)
     assert np.array_equal(_gemm(ours, A, W), _gemm(ob, A, W))
@@ -118,14 +131,14 @@ def test_forwarded_products_are_openblas_own(libs):
 def test_beside_openblas_threads_it_splits_a_product_over_two_cores_bit_for_bit(libs):
     """While OpenBLAS runs more than one thread (the governor saw the cores free), a product big
     enough is split by output columns between the caller and one worker of ours: every output
-    the same bit for bit as on one core, odd widths included; above 16 rows OpenBLAS computes."""
+    the same bit for bit as on one core, odd widths included; above the kernel's rows OpenBLAS computes."""
     ours, ob = libs
     threads = [2]
     fn = ctypes.CFUNCTYPE(ctypes.c_int)(lambda: threads[0])
     _attach(ours, ob, fn)
     rng = np.random.default_rng(7)
     try:
-        for M, N, K in ((1, 1536, 576), (5, 1037, 576), (16, 576, 1536), (3, 37, 5)):
+        for M, N, K in ((1, 1536, 576), (5, 1037, 576), (16, 576, 1536), (3, 37, 5), (_kernel_rows(ours), 96, 576)):
             A = rng.standard_normal((M, K), dtype=np.float32)
             W = rng.standard_normal((N, K), dtype=np.float32)
             C0 = rng.standard_normal((M, N), dtype=np.float32)
@@ -139,9 +152,10 @@ def test_beside_openblas_threads_it_splits_a_product_over_two_cores_bit_for_bit(
             ref = 0.5 * (A.astype(np.float64) @ W.astype(np.float64).T) - 2.0 * C0
             assert np.abs(two - ref).max() <= 1e-6 * np.sqrt(K) * np.abs(A).max() * np.abs(W).max() + 1e-5
         threads[0] = 2
-        A = np.ones((17, 32), np.float32)
+        R = _kernel_rows(ours) + 1
+        A = np.ones((R, 32), np.float32)
         before = _calls(ours)
-        assert np.array_equal(_gemm(ours, A, np.ones((5, 32), np.float32)), np.full((17, 5), 32.0, np.float32))
+        assert np.array_equal(_gemm(ours, A, np.ones((5, 32), np.float32)), np.full((R, 5), 32.0, np.float32))
         assert _calls(ours) == before  # OpenBLAS computed it
     finally:
         _attach(ours, ob)

@@ -523,3 +523,17 @@ def test_verify_profile_measures_once_for_every_shorter_length(monkeypatch, tmp_
     longer = profile.verify_profile(target, 20)
     assert measured == [17, 20] and sorted(longer) == list(range(1, 21))
     assert profile.verify_profile(target, 17) == {L: longer[L] for L in range(1, 18)} and measured == [17, 20]
+
+
+def test_a_chain_drafter_probe_drafts_only_what_it_verifies():
+    """A probe of a losing chain drafter (EAGLE-3: one forward per draft) drafts the one draft it
+    verifies, not its full chain of 7 (6 wasted forwards per probe); a block drafter's probe asks
+    for its whole block (one forward whatever the length)."""
+    for chain, want in ((True, 1), (False, 7)):
+        pol = VerifyPolicy(FLAT, 7, probe_every=2, chain=chain)
+        for _ in range(6):
+            pol.observe(Source.DRAFTER, 1, 0)  # never right: the autoregressive step wins
+        plans = [pol.plan(7) for _ in range(4)]
+        probes = [p for p in plans if p.probe]
+        assert probes and all(p.source == Source.DRAFTER and p.n == want for p in probes), plans
+        assert pol.last_drafted == (want if plans[-1].probe else 0)

@@ -1,6 +1,6 @@
 /* cblas_sgemm for the shapes of a decode or verify step on an x86-64 CPU: C = alpha * A @ B^T +
    beta * C, A [M, K] row-major, B stored [N, K] row-major (an nn.Linear weight, B^T as MLX passes
-   it), 1 <= M <= max_rows (while OpenBLAS runs more than one thread: M <= threaded_rows). Anything
+   it), 1 <= M <= max_rows and the kernel's rows (16 with AVX-512F, 24 with AVX2; while OpenBLAS runs more than one thread: M <= threaded_rows). Anything
    else goes to the cblas_sgemm this one stands in front of (mlxspec/cpu_gemm.py loads it before OpenBLAS).
 
    Why: OpenBLAS packs B for every GEMM; with a few rows that packing, not the arithmetic, is the
@@ -24,10 +24,10 @@ static sgemm_fn next_sgemm;
 static threads_fn blas_threads;
 static int max_rows = 16;
 /* the largest M computed here while OpenBLAS runs more than one thread (split over two cores,
-   `split`): 16, every product it computes; one core of ours alone had beaten OpenBLAS's two
+   `split`): every product it computes (16 rows with AVX-512F, 24 with AVX2); one core of ours alone had beaten OpenBLAS's two
    threads up to 12 rows on a 2-core AVX2 EPYC (SmolLM2-135M, a forward of 1 row 73 ms against
    110, 12 rows 217 against 273, 16 rows 252 against 213: scripts/gemm_rows.py, docs/cli.md) */
-static int threaded_rows = 16;
+static int threaded_rows = 24;
 
 void mlxspec_small_gemm_set_threaded_rows(int rows) { threaded_rows = rows; }
 /* products computed here; static, so a second copy loaded beside a preloaded one counts its own
@@ -69,6 +69,7 @@ int mlxspec_small_gemm_available(void) { return mlxspec_small_gemm_lanes() > 0; 
 #endif
 
 #if SMALL_GEMM == 16
+#define KERNEL_ROWS 16 /* the most activation rows `small` computes */
 typedef __m512 vec;
 typedef __mmask16 tailmask;
 #define V_ZERO() _mm512_setzero_ps()
@@ -78,7 +79,9 @@ typedef __mmask16 tailmask;
 #define V_LOAD_TAIL(m, p) _mm512_maskz_loadu_ps(m, p)
 #define V_SUM(v) _mm512_reduce_add_ps(v)
 #else
-/* AVX2: 16 vector registers (AVX-512 has 32), so fewer weight rows per block (the CASE table) */
+/* AVX2: 16 vector registers (AVX-512 has 32), so fewer weight rows per block (the CASE table);
+   up to 24 rows in groups of 4 (a lookup's 16 drafts verify 17 rows) */
+#define KERNEL_ROWS 24
 typedef __m256 vec;
 typedef __m256i tailmask;
 #define V_ZERO() _mm256_setzero_ps()
@@ -192,7 +195,8 @@ static int small(int M, int N, int K, float alpha, const float *A, int lda, cons
 #if AVX2_GROUPS
         CASE(1, 4) CASE(2, 4) CASE(3, 3) CASE(4, 3) GROUPED(5, 3) GROUPED(6, 3) GROUPED(7, 3) GROUPED(8, 3)
         GROUPED(9, 3) GROUPED(10, 3) GROUPED(11, 3) GROUPED(12, 3) GROUPED(13, 3) GROUPED(14, 3) GROUPED(15, 3)
-        GROUPED(16, 3)
+        GROUPED(16, 3) GROUPED(17, 3) GROUPED(18, 3) GROUPED(19, 3) GROUPED(20, 3) GROUPED(21, 3) GROUPED(22, 3)
+        GROUPED(23, 3) GROUPED(24, 3)
 #else
         CASE(1, 4) CASE(2, 4) CASE(3, 3) CASE(4, 3) CASE(5, 2) CASE(6, 2) CASE(7, 1) CASE(8, 1)
         CASE(9, 1) CASE(10, 1) CASE(11, 1) CASE(12, 1) CASE(13, 1) CASE(14, 1) CASE(15, 1) CASE(16, 1)
@@ -302,7 +306,7 @@ void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, co
         blas_threads = (threads_fn)dlsym(RTLD_DEFAULT, "openblas_get_num_threads");
         threads_looked_up = 1;
     }
-    if (order == RowMajor && ta == NoTrans && tb == Trans && M >= 1 && M <= max_rows && N >= 1 && K >= 1 &&
+    if (order == RowMajor && ta == NoTrans && tb == Trans && M >= 1 && M <= max_rows && M <= KERNEL_ROWS && N >= 1 && K >= 1 &&
         lda >= K && ldb >= K && ldc >= N) {
         int threads = blas_threads == NULL ? 1 : blas_threads();
         if ((M <= threaded_rows || threads <= 1) &&

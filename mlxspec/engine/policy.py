@@ -453,7 +453,9 @@ class VerifyPolicy:
             m_cap = min(n_cap, self.model_cap)
             if self.chain:  # draft_time is per drafted token: draft only the length that pays
                 l, r = best_length(self.estimate(Source.DRAFTER).p(), self.verify_time, 0.0, m_cap, dt)
-                options.append((r if l > 0 else 0.0, Plan(Source.DRAFTER, l), m_cap))
+                # a probe drafts what it will verify: the length that pays, at least one (each
+                # draft is a forward; 7 drafted for 1 verified cost a chain drafter 6 forwards a probe)
+                options.append((r if l > 0 else 0.0, Plan(Source.DRAFTER, l), max(l, 1)))
             else:
                 l, r = best_length(self.estimate(Source.DRAFTER).p(), self.verify_time, dt, m_cap)
                 options.append((r if l > 0 else 0.0, Plan(Source.DRAFTER, m_cap), m_cap))
