@@ -22,7 +22,7 @@ typedef void (*sgemm_fn)(int, int, int, int, int, int, float, const float *, int
 typedef int (*threads_fn)(void);
 static sgemm_fn next_sgemm;
 static threads_fn blas_threads;
-static int max_rows = 16;
+static int max_rows = 24; /* capped by KERNEL_ROWS; mlxspec_small_gemm_init sets it (LD_PRELOAD: never called) */
 /* the largest M computed here while OpenBLAS runs more than one thread (split over two cores,
    `split`): every product it computes (16 rows with AVX-512F, 24 with AVX2); one core of ours alone had beaten OpenBLAS's two
    threads up to 12 rows on a 2-core AVX2 EPYC (SmolLM2-135M, a forward of 1 row 73 ms against
