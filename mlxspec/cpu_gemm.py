@@ -12,7 +12,8 @@ It is compiled here (`cc -O3 -march=native`, about a second) into the mlxspec ca
 the source and the CPU's flags, and loaded with RTLD_GLOBAL before OpenBLAS
 (`preload`, which `import mlxspec` runs in place of `mlxspec.device.preload_openblas` when it is
 on), so libmlx, loaded after both, binds its calls to it. It
-computes only while OpenBLAS runs one thread (more threads: OpenBLAS's own threaded GEMM).
+computes its products on one core while OpenBLAS runs one thread, split over two (a worker
+thread of its own) while OpenBLAS may run more; anything else is OpenBLAS's.
 Without AVX-512F or AVX2 + FMA, or without a C compiler, it is not used (`status` says why). Never imports MLX.
 """
 

@@ -162,15 +162,14 @@ def apply_blas_threads_setting() -> None:
     """MLXSPEC_BLAS_THREADS=N: OpenBLAS runs N threads from now on (OPENBLAS_NUM_THREADS OpenBLAS
     reads itself at load). Before 2026-12-05 N only switched the thread governor off and OpenBLAS
     kept its default, every core. A value that is not a count is left to the CLI's one-line error."""
-    v = os.environ.get(BLAS_THREADS_ENV, "").strip().lower()
-    if not v or v == "auto":
+    if os.environ.get(BLAS_THREADS_ENV, "").strip().lower() in ("", "auto"):
         return
     try:
-        n = int(v)
+        n = blas_threads_setting()
     except ValueError:
         return
-    lib = find_openblas() if n >= 1 else None
-    if lib is None:
+    lib = find_openblas()
+    if n is None or lib is None:
         return
     import ctypes
 

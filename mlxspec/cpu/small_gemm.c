@@ -64,10 +64,6 @@ int mlxspec_small_gemm_available(void) { return mlxspec_small_gemm_lanes() > 0; 
 #ifdef SMALL_GEMM
 #include <immintrin.h>
 
-#ifndef AVX2_GROUPS
-#define AVX2_GROUPS 1
-#endif
-
 #if SMALL_GEMM == 16
 #define KERNEL_ROWS 16 /* the most activation rows `small` computes */
 typedef __m512 vec;
@@ -142,43 +138,35 @@ __attribute__((always_inline)) static inline void block(int M, int R, int n, int
         }
 }
 
-__attribute__((always_inline)) static inline void rows(int M, int R, int N, int K, float alpha, const float *A,
-                                                       int lda, const float *B, int ldb, float beta, float *C,
-                                                       int ldc) {
-    int n = 0;
-    for (; n + R <= N; n += R) block(M, R, n, K, alpha, A, lda, B, ldb, beta, C, ldc);
-    for (; n < N; n++) block(M, 1, n, K, alpha, A, lda, B, ldb, beta, C, ldc);
-}
-
 /* AVX2 above 4 rows: R weight rows against 4 activation rows at a time (12 accumulators, 3
    weights and one A row: the 16 registers), the block's weight rows read back from L1 for each
-   group of 4, so no accumulator spills; each output's sum is the same as with all rows at once */
+   group of 4, so no accumulator spills; each output's sum is the same as with all rows at once.
+   AVX-512 (32 registers): all M rows in one block. */
 #define GROUP(m)                                                                                    \
     block(m, R, n, K, alpha, A + (size_t)m0 * lda, lda, B, ldb, beta, C + (size_t)m0 * ldc, ldc)
 __attribute__((always_inline)) static inline void groups(int M, int R, int n, int K, float alpha, const float *A,
                                                          int lda, const float *B, int ldb, float beta, float *C,
                                                          int ldc) {
     int m0 = 0;
+#if SMALL_GEMM == 16
+    GROUP(M);
+#else
     for (; m0 + 4 <= M; m0 += 4) GROUP(4);
     switch (M - m0) {
         case 1: GROUP(1); break;
         case 2: GROUP(2); break;
         case 3: GROUP(3); break;
     }
+#endif
 }
 
-__attribute__((always_inline)) static inline void grouped(int M, int R, int N, int K, float alpha, const float *A,
-                                                          int lda, const float *B, int ldb, float beta, float *C,
-                                                          int ldc) {
+__attribute__((always_inline)) static inline void rows(int M, int R, int N, int K, float alpha, const float *A,
+                                                       int lda, const float *B, int ldb, float beta, float *C,
+                                                       int ldc) {
     int n = 0;
     for (; n + R <= N; n += R) groups(M, R, n, K, alpha, A, lda, B, ldb, beta, C, ldc);
     for (; n < N; n++) groups(M, 1, n, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
-
-#define GROUPED(m, r) \
-    case m:           \
-        grouped(m, r, N, K, alpha, A, lda, B, ldb, beta, C, ldc); \
-        return 1;
 
 #define CASE(m, r) \
     case m:        \
@@ -192,15 +180,9 @@ static int small(int M, int N, int K, float alpha, const float *A, int lda, cons
         CASE(1, 4) CASE(2, 4) CASE(3, 4) CASE(4, 4) CASE(5, 4) CASE(6, 4) CASE(7, 3) CASE(8, 3)
         CASE(9, 2) CASE(10, 2) CASE(11, 2) CASE(12, 2) CASE(13, 1) CASE(14, 1) CASE(15, 1) CASE(16, 1)
 #else
-#if AVX2_GROUPS
-        CASE(1, 4) CASE(2, 4) CASE(3, 3) CASE(4, 3) GROUPED(5, 3) GROUPED(6, 3) GROUPED(7, 3) GROUPED(8, 3)
-        GROUPED(9, 3) GROUPED(10, 3) GROUPED(11, 3) GROUPED(12, 3) GROUPED(13, 3) GROUPED(14, 3) GROUPED(15, 3)
-        GROUPED(16, 3) GROUPED(17, 3) GROUPED(18, 3) GROUPED(19, 3) GROUPED(20, 3) GROUPED(21, 3) GROUPED(22, 3)
-        GROUPED(23, 3) GROUPED(24, 3)
-#else
-        CASE(1, 4) CASE(2, 4) CASE(3, 3) CASE(4, 3) CASE(5, 2) CASE(6, 2) CASE(7, 1) CASE(8, 1)
-        CASE(9, 1) CASE(10, 1) CASE(11, 1) CASE(12, 1) CASE(13, 1) CASE(14, 1) CASE(15, 1) CASE(16, 1)
-#endif
+        CASE(1, 4) CASE(2, 4) CASE(3, 3) CASE(4, 3) CASE(5, 3) CASE(6, 3) CASE(7, 3) CASE(8, 3) CASE(9, 3) CASE(10, 3)
+        CASE(11, 3) CASE(12, 3) CASE(13, 3) CASE(14, 3) CASE(15, 3) CASE(16, 3) CASE(17, 3) CASE(18, 3) CASE(19, 3)
+        CASE(20, 3) CASE(21, 3) CASE(22, 3) CASE(23, 3) CASE(24, 3)
 #endif
     }
     return 0;
