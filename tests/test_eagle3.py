@@ -444,6 +444,58 @@ def test_drafter_cache_holds_only_committed_pairs(llama):
     assert d.committed == 8
 
 
+def test_a_long_backlog_is_caught_up_outside_the_draft_time(llama):
+    """Drafters defer committed rows to their next draft, so autoregressive steps cost them
+    nothing. After a long autoregressive stretch `propose` runs that backlog first (timed as
+    drafting, a 64-step backlog made one EAGLE-3 draft look 6x as costly and the policy shut the
+    drafter out). Catching up changes no draft: tokens and logits equal the lazy drafter's, for
+    the chain drafter and a block drafter, and the output is the target's."""
+    from mlxspec.engine.drafting import BlockDrafter, catch_up
+    from mlxspec.engine.policy import Plan, Source
+    from test_engine import random_drafter
+
+    cfg = eagle3_config()
+    ids = [4, 8, 15, 16, 23]
+    makers = [lambda: Eagle3Drafter(random_eagle3(cfg, seed=5), cfg, llama, max_drafts=3),
+              lambda: BlockDrafter(random_drafter(llama.info, seed=2, taps=(0, 1, 2), block=4), llama)]
+    for make in makers:
+        eager, lazy = make(), make()
+        cache = llama.make_cache()
+        _, taps = llama(mx.array([ids]), cache, taps=eager.taps)
+        eager.begin(ids, taps)
+        lazy.begin(ids, taps)
+        toks = run(llama, ids, max_tokens=14)
+        for a, b in zip(toks[:-1], toks[1:]):  # 13 autoregressive steps: [anchor] verified each
+            _, vt = llama(mx.array([[a]]), cache, taps=eager.taps)
+            eager.accept([a], vt)
+            lazy.accept([a], vt)
+        assert eager.backlog >= 12 > eager.max_drafts + 1
+        assert catch_up(eager) > 0 and eager.backlog == 0 and catch_up(eager) == 0.0
+        x, y = (d.draft(toks[-1], 3, GREEDY, np.random.default_rng(0)) for d in (eager, lazy))
+        assert x.tokens == y.tokens and np.allclose(np.asarray(x.logits), np.asarray(y.logits), atol=1e-5)
+
+    class Scripted:  # 12 autoregressive steps, then the drafter every step
+        def __init__(self):
+            self.i, self.backlogs = 0, []
+
+        def plan(self, n, lookup_len=0, match=0, model_drafts=True):
+            self.i += 1
+            return Plan(Source.DRAFTER, n) if self.i > 12 else Plan(Source.NONE, 0)
+
+        def truncate(self, source, n, conf, greedy):
+            return n
+
+        def observe(self, source, verified, accepted, *a, **k):
+            pass
+
+    d = makers[0]()
+    seen = []
+    real = d.catch_up
+    d.catch_up = lambda: (seen.append(d.backlog), real())[1]
+    assert run(llama, ids, d, max_tokens=24, policy=Scripted()) == run(llama, ids, max_tokens=24)
+    assert seen[:1] == [12]  # the first draft after the stretch caught up its 12 pairs first
+
+
 # ----------------------------------------------------------------------------- sampling is lossless
 
 def test_sampling_is_lossless_and_the_check_catches_a_wrong_rule(monkeypatch):

@@ -537,3 +537,27 @@ def test_a_chain_drafter_probe_drafts_only_what_it_verifies():
         probes = [p for p in plans if p.probe]
         assert probes and all(p.source == Source.DRAFTER and p.n == want for p in probes), plans
         assert pol.last_drafted == (want if plans[-1].probe else 0)
+
+
+def test_a_drafter_near_break_even_is_not_shut_out_by_a_few_unlucky_probes():
+    """EAGLE-3 at T=1 accepts ~0.3 of its first drafts, where one draft pays ~1.1x on this CPU's
+    costs. Its estimate dips below break-even by chance; probes then failing one after another
+    used to double their spacing to 64 steps, and the policy memory carried the lock-out into
+    every later request (the bench's EAGLE-3 at T=1: tau 1.008). Probes stay frequent while the
+    estimate given one standard deviation of doubt would pay; a drafter that is never right
+    is still spaced out."""
+    vt = [1.0, 1.07, 1.10, 1.15, 1.33, 1.45, 1.45, 1.56]  # this host's profile with the small GEMM
+    for z, spaced_out in ((0.0, True), (1.0, False)):
+        pol = VerifyPolicy(vt, 7, probe_every=4, max_probe_every=64, chain=True, probe_z=z)
+        pol.observe(Source.DRAFTER, 1, 0, None, 0.1)  # draft time: 0.1 steps a draft (break-even ~0.17)
+        # 4 right in 10, then an unlucky stretch of 11 wrong (at 0.3, one request in ~50 has one)
+        for a in [1, 0, 0, 1, 0, 1, 0, 0, 1, 0] + [0] * 11:
+            pol.last_probe = True
+            pol.observe(Source.DRAFTER, 1, a, None, 0.1)
+        assert pol.plan(7).source.kind is Kind.NONE  # below break-even now: autoregressive
+        assert (pol.probe_interval(Source.DRAFTER) > 4) is spaced_out
+    never = VerifyPolicy(vt, 7, probe_every=4, max_probe_every=64, chain=True)
+    for _ in range(25):
+        never.last_probe = True
+        never.observe(Source.DRAFTER, 1, 0, None, 0.06)
+    assert never.probe_interval(Source.DRAFTER) == 64

@@ -108,6 +108,15 @@ class Eagle3Drafter:
         mx.eval(h, *[a for c in self.cache for a in (c.k, c.v)])
         self._taps, self._next = [taps[:, k:]], []
 
+    @property
+    def backlog(self) -> int:
+        """Committed pairs whose next token is known but not run into the cache yet."""
+        return len(self._next)
+
+    def catch_up(self) -> None:
+        """Run the known pending pairs now, evaluated (`mlxspec.engine.drafting.catch_up`)."""
+        self._commit_known()
+
     def accept(self, tokens, taps):
         tokens = [int(t) for t in tokens]
         self._next += tokens[1:] if self._anchor_used else tokens

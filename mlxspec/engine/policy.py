@@ -132,6 +132,14 @@ class AcceptanceEstimate:
             out[i] = (self.hit[i] + prior * self.prior_weight) / (self.tried[i] + self.prior_weight)
         return out
 
+    def optimistic(self, z: float = 1.0) -> np.ndarray:
+        """p() raised by z standard deviations of each position's posterior (its weight: the
+        decayed verifications plus the prior's), capped at 1: what the source may still be
+        worth while it has been verified too little to rule it out."""
+        m = self.p()
+        n = self.tried + self.prior_weight
+        return np.minimum(1.0, m + z * np.sqrt(m * (1.0 - m) / n))
+
 
 @dataclass
 class Calibration:
@@ -331,7 +339,7 @@ class VerifyPolicy:
 
     def __init__(self, verify_time: Sequence[float], max_drafts: int, probe_every: int = 4, max_probe_every: int = 64,
                  decay: float = 0.95, cost_decay: float = 0.97, cost_prior: float = 1.0, cost_probe_weight: float = 0.3,
-                 chain: bool = False, model_cap: int | None = None):
+                 chain: bool = False, model_cap: int | None = None, probe_z: float = 1.0):
         # model_cap: the model drafter's most drafts where a lookup beside it may propose more
         # (max_drafts); None: max_drafts
         self.model_cap = max_drafts if model_cap is None else min(int(model_cap), max_drafts)
@@ -354,6 +362,11 @@ class VerifyPolicy:
         self.draft_time: dict[Source, float] = {}
         # exploration, per source: steps since it was last verified, and the current interval
         self.probe_base, self.max_probe_every = probe_every, max_probe_every
+        # after a probe, probes stay frequent while the source's estimate raised by probe_z
+        # standard deviations would pay: a drafter near break-even (EAGLE-3 at T=1: ~0.3
+        # accepted) that dipped below it is not shut out for the rest of the request on a few
+        # unlucky probes; a drafter that is never right is ruled out after a few more of them
+        self.probe_z = probe_z
         self.interval: dict[Source, int] = {}
         self.waited: dict[Source, int] = {}
         self.last_probe = False
@@ -518,9 +531,10 @@ class VerifyPolicy:
             old = self.draft_time.get(Source.DRAFTER)
             self.draft_time[Source.DRAFTER] = draft_seconds if old is None else 0.8 * old + 0.2 * draft_seconds
         if self.last_probe:
-            # back to frequent probes only once the estimate says this source pays again
+            # back to frequent probes once the estimate, given the benefit of the doubt, says
+            # this source may pay again
             dt = self.draft_time.get(Source.DRAFTER, 0.0) if drafter else 0.0
-            pays = best_length(self.estimate(source).p(), self.verify_time, 0.0 if self.chain else dt,
+            pays = best_length(self.estimate(source).optimistic(self.probe_z), self.verify_time, 0.0 if self.chain else dt,
                                self.model_cap if drafter else self.max_drafts,
                                dt if self.chain else 0.0)[0] > 0
             cur = self.probe_interval(source)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from mlxspec.engine.drafting import DraftOutput, proposals
+from mlxspec.engine.drafting import DraftOutput, catch_up, proposals
 from mlxspec.engine.ngram import lookup_output
 from mlxspec.engine.policy import Kind, LengthPolicy, Plan, Source
 from mlxspec.engine.verify import SamplingParams
@@ -26,7 +26,7 @@ class Proposal:
     d: DraftOutput | None  # what the source drafted (its probs for sampled verification)
     source: Source
     conf: list | None  # the drafts' confidences (before truncation), if the drafter has them
-    t_drafted: float  # seconds spent drafting (before truncation)
+    t_drafted: float  # seconds spent drafting (before truncation; earlier steps' backlog excluded)
 
 
 def propose(drafter, policy: LengthPolicy, anchor: int, n: int, sampling: SamplingParams, rng,
@@ -38,13 +38,14 @@ def propose(drafter, policy: LengthPolicy, anchor: int, n: int, sampling: Sampli
         model_drafts, has_lookup = proposals(drafter)
         lookup, match = drafter.lookup(anchor, n) if has_lookup else ([], 0)
         plan = policy.plan(n, len(lookup), match, model_drafts)
-    d = None
+    d, owed = None, 0.0
     if plan.source.is_lookup:
         d = lookup_output(lookup[: plan.n], sampling, vocab_size)
     elif plan.source.kind is Kind.DRAFTER and plan.n > 0:
+        owed = catch_up(drafter)  # earlier steps' deferred work: not this draft's cost
         d = drafter.draft(anchor, plan.n, sampling, rng)
     drafts = list(d.tokens[: plan.n]) if d else []
-    t_drafted = time.perf_counter() - td
+    t_drafted = time.perf_counter() - td - owed
     conf = d.confidence[: len(drafts)] if d is not None and d.confidence is not None and drafts else None
     if drafts:
         drafts = drafts[: policy.truncate(plan.source, len(drafts), conf, sampling.greedy)]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import numpy as np
 
-from mlxspec.engine.drafting import proposals
+from mlxspec.engine.drafting import catch_up, proposals
 from mlxspec.engine.ngram import propose_many
 from mlxspec.engine.policy import Kind, Source
 from mlxspec.engine.tree import (DraftTree, TreeCalibration, accept_greedy, accept_sampled, add_lookup, add_rows,
@@ -97,6 +97,8 @@ def draft_tree(drafter, policy, anchor: int, n_cap: int, sampling, rng, settings
     if conts:
         add_lookup(tree, [c[: n_cap] for c in conts], _p(policy, lookup_src, "lookup"))
     forwards = 0
+    if plan.source.kind is Kind.DRAFTER and model_drafts:
+        catch_up(drafter)  # earlier steps' deferred work, outside the draft time the policy learns
     td = time.perf_counter()
     if plan.source.kind is Kind.DRAFTER and model_drafts:
         inner = _inner(drafter)
