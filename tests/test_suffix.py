@@ -415,6 +415,57 @@ def test_server_keeps_one_suffix_index_per_api_key(smollm2, smollm2_path):
         w.stop()
 
 
+def test_the_suffix_cache_is_saved_while_the_server_runs(smollm2, smollm2_path, tmp_path):
+    """--suffix-cache-every: a finished request's text reaches the file while the server runs
+    (a crash loses at most the interval, not everything since the start), and a server started
+    from that file alone drafts the same request from the first answer. The first worker batches
+    (the default), the second runs one request at a time: both loops save when due."""
+    import json
+    import shutil
+    import time
+
+    from mlxspec import api
+    from mlxspec.server.worker import Worker
+
+    _, tok = smollm2
+    ids = _chat_ids(tok, "Explain in two sentences why the sky is blue.")
+    cfg = api.SpecConfig(spec_type="ngram", lookup="suffix", num_draft_tokens=8)
+    path, crashed = tmp_path / "suffix.json", tmp_path / "as-left-by-a-crash.json"
+    w = Worker(dict(model=None, config=cfg), 0, 4, suffix_cache=str(path), suffix_cache_every=0.2)
+    w.start()
+    try:
+        assert not path.exists()  # nothing learned yet: nothing written
+        text0, cold = _ask(w, ids, tenant="k0")
+        deadline = time.monotonic() + 30
+        while not path.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        shutil.copy(path, crashed)  # what a crash now would leave: the shutdown save below never counts
+        assert w.unsaved == 0
+    finally:
+        w.stop()
+    saved = json.loads(crashed.read_text())["indexes"]
+    assert sum(len(d) for d in saved["k0"]) >= 32  # the key's index holds the prompt's tail and the answer
+    again = Worker(dict(model=None, config=cfg), 0, 4, max_batch=1, suffix_cache=str(crashed), suffix_cache_every=0.2)
+    again.start()
+    try:
+        text, warm = _ask(again, ids, tenant="k0")
+        assert text == text0 and warm >= cold + 15  # drafted from the answer the periodic save kept
+    finally:
+        again.stop()
+
+
+@pytest.mark.parametrize("value", ["-1", "nan"])
+def test_a_bad_suffix_cache_interval_is_one_line_and_exit_2(value):
+    import subprocess
+    import sys
+
+    bad = subprocess.run([sys.executable, "-m", "mlxspec.cli", "serve", "--lookup", "suffix", "--suffix-cache", "s.json",
+                          "--suffix-cache-every", value], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
+        f"mlxspec: error: --suffix-cache-every {float(value)} is out of range: use a number of seconds, 0 or more "
+        "(0 saves at shutdown only)"], bad.stderr
+
+
 def test_several_api_keys_each_a_tenant():
     from starlette.requests import Request
 

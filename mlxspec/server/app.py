@@ -116,9 +116,14 @@ def cmd_serve(a) -> int:
         raise MlxspecError(f"--port {a.port} is out of range: use 0..65535")
     if not a.timeout > 0:
         raise MlxspecError(f"--timeout {a.timeout} must be positive")
+    every = getattr(a, "suffix_cache_every", 60.0)
+    if not 0 <= every < float("inf"):
+        raise MlxspecError(f"--suffix-cache-every {every} is out of range: use a number of seconds, 0 or more "
+                           "(0 saves at shutdown only)")
     load_kw = dict(model=a.model, config=spec_config(a))
     worker = Worker(load_kw, a.prompt_cache_bytes, a.max_queue, max_batch=max_batch,
-                    share_keys=getattr(a, "suffix_share_keys", False), suffix_cache=getattr(a, "suffix_cache", None))
+                    share_keys=getattr(a, "suffix_share_keys", False), suffix_cache=getattr(a, "suffix_cache", None),
+                    suffix_cache_every=every)
     worker.start()  # loads on the generation thread; MlxspecError -> one line, exit 2
     src = worker.target.info.source or a.model or "SmolLM2-135M-Instruct"
     # as mlx_lm.server: a hub id is served under its repo id, not its snapshot's commit hash

@@ -21,7 +21,11 @@ def add_serve_args(p):
                         "speed depends on what another key's requests said)")
     p.add_argument("--suffix-cache", default=None, metavar="PATH",
                    help="--lookup suffix: keep the suffix indexes in this file across restarts (loaded at start, "
-                        "saved atomically at shutdown); without it they are never written to disk")
+                        "saved atomically at shutdown and every --suffix-cache-every seconds); without it they are "
+                        "never written to disk")
+    p.add_argument("--suffix-cache-every", type=float, default=60.0, metavar="SECONDS",
+                   help="--suffix-cache: save it this often while requests have finished since the last save, so "
+                        "a crash loses at most that much (default 60; 0: at shutdown only)")
     p.add_argument("--model-id", default=None, help="the name clients send as 'model' (default: the model file's stem)")
     p.add_argument("--prompt-cache-bytes", type=_size, default=_size("1G"),
                    help="memory for cached prompt prefixes (KV cache + drafter context), LRU; 0 disables (default 1G)")

@@ -50,6 +50,7 @@ class BatchedRun:
     def run(self):
         w, live = self.w, self.live
         while True:
+            w.autosave()  # --suffix-cache, when due (a time check otherwise)
             # 1. admit: wait for work when idle, else take what is queued, up to max_batch; the
             # new jobs' prompts are prefilled together (`SpecBatch.add_many`)
             new, stop = [], False
@@ -57,7 +58,7 @@ class BatchedRun:
             while len(live) + len(new) < w.max_batch:
                 try:
                     if not new and idle:
-                        job = w.jobs.get()
+                        job = w.next_job()
                         woke = time.perf_counter()
                     elif idle:  # woken by a job: give a burst's other requests a moment to arrive
                         left = woke + (ARRIVAL_WAIT if w.arriving > 0 else ARRIVAL_MIN) - time.perf_counter()

@@ -61,9 +61,14 @@ class Arrival:
 
 class Worker:
     def __init__(self, load_kwargs: dict, prompt_cache_bytes: int, max_queue: int, log=sys.stderr,
-                 max_batch: int | None = None, share_keys: bool = False, suffix_cache: str | None = None):
+                 max_batch: int | None = None, share_keys: bool = False, suffix_cache: str | None = None,
+                 suffix_cache_every: float = 60.0):
         self.load_kwargs = load_kwargs
         self.share_keys, self.suffix_cache = share_keys, suffix_cache
+        # --suffix-cache-every: a save at most this often while finished requests are unsaved
+        # (0: at shutdown only), made on this thread between steps, so a crash loses at most
+        # that much of what the indexes learned
+        self.suffix_cache_every, self.unsaved, self.saved_at = suffix_cache_every, 0, time.monotonic()
         self.tenants: dict[str, api.Speculator] = {}  # API key -> its view of the speculator
         self.max_queue = max_queue
         self.max_batch = default_max_batch() if max_batch is None else max_batch
@@ -112,10 +117,38 @@ class Worker:
         self.jobs.put(None)
         self.thread.join(timeout)
         if self.suffix_cache and self.ready.is_set() and self.load_error is None:
+            self.save_suffix_cache()
+
+    def save_suffix_cache(self) -> None:
+        self.saved_at, unsaved = time.monotonic(), self.unsaved
+        try:
+            suffix_cache.save(self.suffix_cache, self, self.model_name)
+        except OSError as e:  # retried after the interval; the server goes on
+            print(f"mlxspec serve: --suffix-cache {self.suffix_cache}: not saved ({e})", file=self.log, flush=True)
+            return
+        with self.lock:
+            self.unsaved -= unsaved
+
+    def autosave_wait(self) -> float | None:
+        """Seconds until a --suffix-cache save is due (0: now), None when none is."""
+        if not self.suffix_cache or self.suffix_cache_every <= 0 or self.unsaved <= 0:
+            return None
+        return max(0.0, self.saved_at + self.suffix_cache_every - time.monotonic())
+
+    def autosave(self) -> None:
+        """The generation thread's periodic save (between jobs or steps, never during one)."""
+        if self.autosave_wait() == 0.0:
+            self.save_suffix_cache()
+
+    def next_job(self):
+        """The queue's next job (None: stop), waiting as long as it takes; a save that falls
+        due while the server is idle is made then."""
+        while True:
+            self.autosave()
             try:
-                suffix_cache.save(self.suffix_cache, self, self.model_name)
-            except OSError as e:
-                print(f"mlxspec serve: --suffix-cache {self.suffix_cache}: not saved ({e})", file=self.log, flush=True)
+                return self.jobs.get(timeout=self.autosave_wait())
+            except queue.Empty:
+                continue
 
     @property
     def model_name(self) -> str:
@@ -147,6 +180,7 @@ class Worker:
             if job in self.running:
                 self.running.remove(job)
             self.pending -= 1
+            self.unsaved += job.speculative
 
     # -- the thread ----------------------------------------------------------------------
     def _run(self):
@@ -185,7 +219,7 @@ class Worker:
             BatchedRun(self).run()
             return
         while True:
-            job = self.jobs.get()
+            job = self.next_job()
             if job is None:
                 return
             with self.lock:
