@@ -2,7 +2,9 @@
 and vLLM's `speculators` (never mlxspec): load an mlxspec-written drafter with speculators' own
 loaders and compute its greedy block drafts with speculators' own modules.
 
-argv: DRAFTER_DIR INPUTS.npz VERIFIER_DIR  ->  prints one JSON line.
+argv: DRAFTER_DIR INPUTS.npz VERIFIER_DIR, repeated for each drafter checked  ->  one JSON line per
+drafter, in order (one whose check raised: {"error": its traceback}); one process checks them all,
+since importing torch and speculators is most of the cost.
 speculators loads the verifier's embedding / head / final norm from
 `speculators_config.verifier.name_or_path` (a Hugging Face id): VERIFIER_DIR is a local copy of
 those tensors, used in its place because tests run offline.
@@ -12,6 +14,7 @@ positions 0..n-1), block_emb [1, B, H] (the target's embedding of [anchor, MASK,
 
 import json
 import sys
+import traceback
 
 import numpy as np
 import torch
@@ -69,4 +72,12 @@ def main(path: str, inputs: str, verifier_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3])
+    args = sys.argv[1:]
+    if not args or len(args) % 3:
+        sys.exit("usage: speculators_check.py (DRAFTER_DIR INPUTS.npz VERIFIER_DIR)...")
+    for i in range(0, len(args), 3):
+        try:
+            main(*args[i:i + 3])
+        except Exception:  # noqa: BLE001 - reported on this drafter's line; the next ones still run
+            print(json.dumps({"error": traceback.format_exc()}))
+        sys.stdout.flush()

@@ -3,7 +3,9 @@ and vLLM's `speculators` 0.9.0 (never mlxspec): load an mlxspec-written EAGLE-3 
 layout) with speculators' own loaders (`SpeculatorModelConfig.from_pretrained`,
 `SpeculatorModel.from_pretrained` -> `Eagle3DraftModel`) and draft with its own `forward`.
 
-argv: DRAFTER_DIR INPUTS.npz VERIFIER_DIR ATTN  ->  prints one JSON line.
+argv: DRAFTER_DIR INPUTS.npz VERIFIER_DIR ATTN, repeated for each drafter checked  ->  one JSON line
+per drafter, in order (a drafter whose check raised: {"error": its traceback}). One process checks
+them all: importing torch and speculators takes ~14 s here, the checks well under one each.
 VERIFIER_DIR stands in for `speculators_config.verifier.name_or_path` (a Hugging Face id; the tests
 run offline): a config.json and the verifier's embedding / head / final norm. speculators' EAGLE-3
 loader reads it whatever the file holds (tap ids checked against its depth, hidden size compared,
@@ -28,6 +30,7 @@ forward itself returns only each step's argmax, which must agree.
 
 import json
 import sys
+import traceback
 
 import numpy as np
 import torch
@@ -122,4 +125,12 @@ def main(path: str, inputs: str, verifier_dir: str, attn: str) -> None:
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:5])
+    args = sys.argv[1:]
+    if not args or len(args) % 4:
+        sys.exit("usage: speculators_eagle3_check.py (DRAFTER_DIR INPUTS.npz VERIFIER_DIR ATTN)...")
+    for i in range(0, len(args), 4):
+        try:
+            main(*args[i:i + 4])
+        except Exception:  # noqa: BLE001 - reported on this drafter's line; the next ones still run
+            print(json.dumps({"error": traceback.format_exc()}))
+        sys.stdout.flush()

@@ -2,7 +2,8 @@
 own loader (`SpeculatorModel.from_pretrained` -> `Eagle3DraftModel`) and, with its own `forward`,
 gives the same draft logits and greedy chain as mlxspec's `Eagle3Drafter`.
 
-Compared (tests/speculators_eagle3_check.py drives speculators; its docstring says how):
+Compared (tests/speculators_eagle3_check.py drives speculators, every case in one process; its docstring
+says how):
 - the file loads whole: every tensor claimed under its own name with its own values, every tensor
   of the model but speculators' training-loss copies of the verifier's head and norm taken from the
   file, the tap ids speculators reads are mlxspec's taps + 1 (validated by speculators against the
@@ -87,8 +88,9 @@ def verifier_dir(target, d: Path) -> Path:
     return d
 
 
-def both_sides(py, target, path: Path, prompt: list[int], n_drafts: int, tmp_path: Path, attn: str = "default"):
-    """mlxspec's first-draft logits at every prompt position and greedy chain, and speculators'."""
+def ours(target, path: Path, prompt: list[int], n_drafts: int, tmp_path: Path, attn: str = "default"):
+    """mlxspec's first-draft logits at every prompt position and greedy chain, and the arguments
+    that make tests/speculators_eagle3_check.py compute speculators' for the same drafter."""
     model, cfg = load_drafter(str(path), target.info, log=io.StringIO())
     d = Eagle3Drafter(model, cfg, target)
     logits, taps = target(mx.array([prompt]), target.make_cache(), taps=d.taps)
@@ -104,10 +106,59 @@ def both_sides(py, target, path: Path, prompt: list[int], n_drafts: int, tmp_pat
     assert len(out.tokens) == n_drafts
     npz = tmp_path / "inputs.npz"
     np.savez(npz, taps=np.array(taps.astype(mx.float32)), next_ids=np.array(ids[1:]), n_drafts=np.array(n_drafts))
-    r = subprocess.run([py, str(CHECK), str(path), str(npz), str(verifier_dir(target, tmp_path / "verifier")), attn],
-                       capture_output=True, text=True, timeout=600)
+    args = [str(path), str(npz), str(verifier_dir(target, tmp_path / "verifier")), attn]
+    return (d, cfg, out, np.stack(first)), args
+
+
+def smollm2_case(smollm2, tmp_path: Path):
+    target, tok = smollm2
+    info = target.info
+    cfg = Eagle3Config(hidden_size=info.hidden_size, intermediate_size=512, num_hidden_layers=1,
+                       num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=info.vocab_size,
+                       draft_vocab_size=2048, target_hidden_size=info.hidden_size,
+                       target_layer_ids=tuple(default_taps(info.num_layers)), rms_norm_eps=1e-5,
+                       rope_theta=100000.0, norm_before_residual=True, max_drafts=5)
+    path = tmp_path / "drafter"
+    save_drafter(random_eagle3(cfg, seed=23, scale=0.05), cfg, path, "speculators-eagle3", target=target,
+                 with_embed=True)
+    prompt = tok.encode("def fibonacci(n):\n    ", add_special_tokens=False)
+    return ours(target, path, prompt, 5, tmp_path)
+
+
+def tiny_case(arch: str, tmp_path: Path, seed: int, attn: str = "default", **kw):
+    target = tiny_target(arch, seed=0)
+    cfg = eagle3_config(**kw)
+    path = tmp_path / "drafter"
+    save_drafter(random_eagle3(cfg, seed=seed), cfg, path, "speculators-eagle3", target=target, with_embed=True)
+    return ours(target, path, PROMPT, 6, tmp_path, attn)
+
+
+@pytest.fixture(scope="module")
+def checked(speculators_python, smollm2, tmp_path_factory):  # noqa: F811
+    """Every case below, mlxspec's side, then speculators' in ONE process (its import is most of
+    the cost) -> {case: (drafter, config, chain, first-draft logits, speculators' JSON)}."""
+    made = {}
+    for case, (arch, draft_vocab, kw) in CASES.items():
+        made[case] = tiny_case(arch, tmp_path_factory.mktemp(case), 21, draft_vocab_size=draft_vocab, **kw)
+    made["eager"] = tiny_case("llama", tmp_path_factory.mktemp("eager"), 22, attn="eager", draft_vocab_size=48,
+                              norm_before_residual=True)
+    made["smollm2"] = smollm2_case(smollm2, tmp_path_factory.mktemp("smollm2"))
+    r = subprocess.run([speculators_python, str(CHECK), *[a for _, args in made.values() for a in args]],
+                       capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
-    return d, cfg, out, np.stack(first), json.loads(r.stdout.strip().splitlines()[-1])
+    lines = r.stdout.strip().splitlines()[-len(made):]
+    assert len(lines) == len(made), r.stdout[-3000:]
+    out = {}
+    for (case, (mine, _)), line in zip(made.items(), lines):
+        peer = json.loads(line)
+        out[case] = (*mine, peer)
+    return out
+
+
+def peer_of(checked, case):
+    d, cfg, out, first, peer = checked[case]
+    assert "error" not in peer, f"speculators raised on {case}:\n{peer.get('error')}"
+    return d, cfg, out, first, peer
 
 
 def check_load(peer: dict, d: Eagle3Drafter, cfg: Eagle3Config) -> None:
@@ -141,13 +192,9 @@ def compare(peer: dict, out, first: np.ndarray, label: str) -> float:
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_tiny_eagle3_export_drafts_the_same_in_speculators(speculators_python, tmp_path, case):  # noqa: F811
-    arch, draft_vocab, kw = CASES[case]
-    target = tiny_target(arch, seed=0)
-    cfg = eagle3_config(draft_vocab_size=draft_vocab, **kw)
-    path = tmp_path / "drafter"
-    save_drafter(random_eagle3(cfg, seed=21), cfg, path, "speculators-eagle3", target=target, with_embed=True)
-    d, got_cfg, out, first, peer = both_sides(speculators_python, target, path, PROMPT, 6, tmp_path)
+def test_tiny_eagle3_export_drafts_the_same_in_speculators(checked, case):
+    arch = CASES[case][0]
+    d, got_cfg, out, first, peer = peer_of(checked, case)
     assert got_cfg.target_layer_ids == (0, 1, 2) and got_cfg.has_embed
     assert peer["attn_implementation"] == "simple_flex_attention"  # speculators' own default
     assert peer["verifier"]["name_or_path"] == f"tiny-{arch}"  # as written (the target's source)
@@ -155,31 +202,16 @@ def test_tiny_eagle3_export_drafts_the_same_in_speculators(speculators_python, t
     compare(peer, out, first, case)
 
 
-def test_tiny_eagle3_export_eager_attention(speculators_python, tmp_path):  # noqa: F811
+def test_tiny_eagle3_export_eager_attention(checked):
     """The same drafts through speculators' dense-mask (eager) attention path."""
-    target = tiny_target("llama", seed=0)
-    cfg = eagle3_config(draft_vocab_size=48, norm_before_residual=True)
-    path = tmp_path / "drafter"
-    save_drafter(random_eagle3(cfg, seed=22), cfg, path, "speculators-eagle3", target=target, with_embed=True)
-    d, got_cfg, out, first, peer = both_sides(speculators_python, target, path, PROMPT, 6, tmp_path, attn="eager")
+    d, got_cfg, out, first, peer = peer_of(checked, "eager")
     assert peer["attn_implementation"] == "eager"
     check_load(peer, d, got_cfg)
     compare(peer, out, first, "eager")
 
 
-def test_smollm2_eagle3_export_drafts_the_same_in_speculators(speculators_python, smollm2, tmp_path):  # noqa: F811
-    target, tok = smollm2
-    info = target.info
-    cfg = Eagle3Config(hidden_size=info.hidden_size, intermediate_size=512, num_hidden_layers=1,
-                       num_attention_heads=9, num_key_value_heads=3, head_dim=64, vocab_size=info.vocab_size,
-                       draft_vocab_size=2048, target_hidden_size=info.hidden_size,
-                       target_layer_ids=tuple(default_taps(info.num_layers)), rms_norm_eps=1e-5,
-                       rope_theta=100000.0, norm_before_residual=True, max_drafts=5)
-    path = tmp_path / "drafter"
-    save_drafter(random_eagle3(cfg, seed=23, scale=0.05), cfg, path, "speculators-eagle3", target=target,
-                 with_embed=True)
-    prompt = tok.encode("def fibonacci(n):\n    ", add_special_tokens=False)
-    d, got_cfg, out, first, peer = both_sides(speculators_python, target, path, prompt, 5, tmp_path)
+def test_smollm2_eagle3_export_drafts_the_same_in_speculators(checked):
+    d, got_cfg, out, first, peer = peer_of(checked, "smollm2")
     assert got_cfg.target_layer_ids == (1, 14, 26)
     assert peer["verifier"] == {"name_or_path": "HuggingFaceTB/SmolLM2-135M-Instruct",
                                 "architectures": ["LlamaForCausalLM"]}

@@ -83,42 +83,13 @@ def verifier_dir(smollm2, tmp_path_factory) -> Path:
     return d
 
 
-def _speculators(py, path, inputs, tmp_path, verifier) -> dict:
-    npz = tmp_path / "inputs.npz"
-    np.savez(npz, **inputs)
-    r = subprocess.run([py, str(CHECK), str(path), str(npz), str(verifier)], capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    return json.loads(r.stdout.strip().splitlines()[-1])
+SHIPPED_CASES = ["smollm2-135m-dspark", "smollm2-135m-dflash"]
+WRITTEN_CASES = [(16, True), (0, False)]
 
 
-def _check(py, target, tok, path, tmp_path, prompt, verifier):
-    out, inputs, cfg = _mlxspec_drafts(target, tok, path, prompt)
-    got = _speculators(py, path, inputs, tmp_path, verifier)
-    assert got["verifier"]["architectures"] == ["LlamaForCausalLM"]
-    assert got["sample_from_anchor"] == cfg.sample_from_anchor
-    assert got["aux_hidden_state_layer_ids"] == [t + 1 for t in cfg.target_layer_ids]
-    if cfg.draft_vocab_size:
-        assert got["lm_head_finite"] and got["lm_head_equals_file"]  # loaded, not left at init
-    assert got["tokens"] == out.tokens
-    np.testing.assert_allclose(np.array(got["logits"]), np.asarray(out.logits), rtol=0, atol=2e-3)
-    return got
-
-
-@pytest.mark.parametrize("name", ["smollm2-135m-dspark", "smollm2-135m-dflash"])
-def test_shipped_drafters_load_and_draft_in_speculators(speculators_python, smollm2, verifier_dir, tmp_path, name):
-    target, tok = smollm2
-    got = _check(speculators_python, target, tok, SHIPPED / name, tmp_path, "def fibonacci(n):\n    ", verifier_dir)
-    assert got["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
-    assert got["model_class"] == ("DSparkDraftModel" if "dspark" in name else "DFlashDraftModel")
-
-
-@pytest.mark.parametrize("rank,layout", [(16, True), (0, False)])
-def test_written_drafters_load_and_draft_in_speculators(speculators_python, smollm2, verifier_dir, tmp_path, rank,
-                                                        layout):
-    """Fresh random drafters with a reduced vocabulary and no head of their own, written by
+def _written(target, rank: int, layout: bool, path: Path) -> Path:
+    """A fresh random drafter with a reduced vocabulary and no head of its own, written by
     save_drafter: the speculators writer stores the target's rows at the d2t ids as lm_head."""
-    target, tok = smollm2
     info = target.info
     cfg = DrafterConfig(hidden_size=info.hidden_size, intermediate_size=256, num_hidden_layers=2,
                         num_attention_heads=9, num_key_value_heads=3, head_dim=64, block_size=6,
@@ -130,8 +101,57 @@ def test_written_drafters_load_and_draft_in_speculators(speculators_python, smol
     ids = np.sort(np.random.default_rng(3).choice(info.vocab_size, 2048, replace=False))
     m.d2t = mx.array((ids - np.arange(2048)).astype(np.int32))  # speculators' offsets
     mx.eval(m.parameters())
-    path = tmp_path / "drafter"
     save_drafter(m, cfg, path, "speculators", target=target)
-    got = _check(speculators_python, target, tok, path, tmp_path, "The capital of France is", verifier_dir)
+    return path
+
+
+@pytest.fixture(scope="module")
+def checked(speculators_python, smollm2, verifier_dir, tmp_path_factory):
+    """Every drafter below, mlxspec's block, then speculators' in ONE process (importing torch and
+    speculators is most of the cost) -> {case: (mlxspec's drafts, its config, speculators' JSON)}."""
+    target, tok = smollm2
+    cases = {name: (SHIPPED / name, "def fibonacci(n):\n    ") for name in SHIPPED_CASES}
+    for rank, layout in WRITTEN_CASES:
+        path = _written(target, rank, layout, tmp_path_factory.mktemp(f"written-{rank}") / "drafter")
+        cases[(rank, layout)] = (path, "The capital of France is")
+    ours, args = {}, []
+    for case, (path, prompt) in cases.items():
+        out, inputs, cfg = _mlxspec_drafts(target, tok, path, prompt)
+        npz = tmp_path_factory.mktemp("inputs") / "inputs.npz"
+        np.savez(npz, **inputs)
+        ours[case] = (out, cfg)
+        args += [str(path), str(npz), str(verifier_dir)]
+    r = subprocess.run([speculators_python, str(CHECK), *args], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.strip().splitlines()[-len(cases):]
+    assert len(lines) == len(cases), r.stdout[-3000:]
+    return {case: (*ours[case], json.loads(line)) for case, line in zip(cases, lines)}
+
+
+def _check(checked, case):
+    out, cfg, got = checked[case]
+    assert "error" not in got, f"speculators raised on {case}:\n{got.get('error')}"
+    assert got["verifier"]["architectures"] == ["LlamaForCausalLM"]
+    assert got["sample_from_anchor"] == cfg.sample_from_anchor
+    assert got["aux_hidden_state_layer_ids"] == [t + 1 for t in cfg.target_layer_ids]
+    if cfg.draft_vocab_size:
+        assert got["lm_head_finite"] and got["lm_head_equals_file"]  # loaded, not left at init
+    assert got["tokens"] == out.tokens
+    np.testing.assert_allclose(np.array(got["logits"]), np.asarray(out.logits), rtol=0, atol=2e-3)
+    return got
+
+
+@pytest.mark.parametrize("name", SHIPPED_CASES)
+def test_shipped_drafters_load_and_draft_in_speculators(checked, name):
+    got = _check(checked, name)
+    assert got["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert got["model_class"] == ("DSparkDraftModel" if "dspark" in name else "DFlashDraftModel")
+
+
+@pytest.mark.parametrize("rank,layout", WRITTEN_CASES)
+def test_written_drafters_load_and_draft_in_speculators(checked, rank, layout):
+    """Fresh random drafters with a reduced vocabulary and no head of their own, written by
+    save_drafter: the speculators writer stores the target's rows at the d2t ids as lm_head."""
+    got = _check(checked, (rank, layout))
     # the packaged GGUF's upstream repo, not a path on this machine
     assert got["verifier"]["name_or_path"] == "HuggingFaceTB/SmolLM2-135M-Instruct"
