@@ -1,7 +1,7 @@
 """The small-M GEMM in front of OpenBLAS on x86-64 Linux (`mlxspec/cpu/small_gemm.c`).
 
 Unless MLXSPEC_SMALL_GEMM=0, `import mlxspec` puts a `cblas_sgemm` of our own in front of OpenBLAS's: the products of a
-decode step or a verify (1-16 rows of activations times a weight matrix, MLX's `x @ W.T`) are
+decode step or a verify (1-24 rows of activations times a weight matrix, MLX's `x @ W.T`) are
 computed by reading each weight row once and multiplying it with every activation row, without
 the packing OpenBLAS's GEMM does for every call; every other product goes to OpenBLAS. Each
 output sums its terms in the same order whatever the row count, so a verify row equals the
@@ -30,7 +30,7 @@ from mlxspec.device import SMALL_GEMM_ENV as ENV
 from mlxspec.device import small_gemm_enabled as enabled  # not turned off (MLXSPEC_SMALL_GEMM=0)
 
 SOURCE = Path(__file__).with_name("cpu") / "small_gemm.c"
-MAX_ROWS = 24  # the kernel computes at most 16 rows with AVX-512F, 24 with AVX2 (small_gemm.c)
+MAX_ROWS = 24  # the kernel computes at most 24 rows (AVX-512F: one block up to 12, groups of 8 above; small_gemm.c)
 _STATE: dict = {}  # "lib": the loaded CDLL, "why": why it is not in use
 
 
@@ -164,8 +164,16 @@ def _preloaded_path() -> str | None:
 
 
 def profile_key() -> str:
-    """Part of the verify-cost profile's key: the profile measured without it is not this one."""
-    return "small-gemm" if active() else ""
+    """Part of the verify-cost profile's key: the profile measured without it, or with another
+    build of it (the library's name carries the hash of its source and the CPU's flags), is not
+    this one: a kernel that computes more rows changes the curve's shape (17 rows went from 3.2
+    one-row steps to under 2 when AVX-512 learned 24 rows, and a cached curve would have kept
+    the policy off the long verifies)."""
+    if not active():
+        return ""
+    lib = _STATE.get("lib")
+    name = Path(getattr(lib, "_name", "") or "").name
+    return f"small-gemm:{name}" if name else "small-gemm"
 
 
 def attach(lib: ctypes.CDLL, openblas: ctypes.CDLL) -> None:

@@ -1,9 +1,9 @@
-"""What a target forward of 1..16 rows costs with OpenBLAS's threads and with the small-M GEMM
+"""What a target forward of 1..24 rows costs with OpenBLAS's threads and with the small-M GEMM
 (`mlxspec.cpu_gemm`), in one process switching between them (docs/cli.md, the small-M GEMM):
 
     LD_PRELOAD="$(python -m mlxspec.blas)" python scripts/gemm_rows.py [--json FILE]
 
-Rows: OpenBLAS at every core for everything; ours up to 16 rows on one core beside OpenBLAS's
+Rows: OpenBLAS at every core for everything; ours up to 24 rows on one core beside OpenBLAS's
 threads; ours split over two cores (the default while OpenBLAS may run two threads); one thread
 in all. Milliseconds, the median of 8 forwards after one warm-up, at a context of 300."""
 
@@ -47,14 +47,14 @@ def main(argv=None) -> int:
 
     cores = mlxspec.blas.blas_threads()
     rows = {}
-    for name, threads, ours, split in (("openblas", cores, 0, 1), ("ours_one_core", cores, 16, 0),
-                                       ("ours_two_cores", cores, 16, 1), ("one_thread", 1, 16, 1)):
+    for name, threads, ours, split in (("openblas", cores, 0, 1), ("ours_one_core", cores, 24, 0),
+                                       ("ours_two_cores", cores, 24, 1), ("one_thread", 1, 24, 1)):
         mlxspec.blas.set_blas_threads(threads)
         lib.mlxspec_small_gemm_set_threaded_rows(ours)
         lib.mlxspec_small_gemm_set_split(split)
-        rows[name] = {L: ms(L) for L in (1, 2, 3, 4, 5, 6, 8, 9, 10, 12, 16)}
+        rows[name] = {L: ms(L) for L in (1, 2, 3, 4, 5, 6, 8, 9, 10, 12, 13, 16, 17, 20, 24)}
         print(name, rows[name], file=sys.stderr, flush=True)
-    lib.mlxspec_small_gemm_set_threaded_rows(16)
+    lib.mlxspec_small_gemm_set_threaded_rows(24)
     lib.mlxspec_small_gemm_set_split(1)
     out = {"command": "scripts/gemm_rows.py " + " ".join(sys.argv[1:] if argv is None else argv),
            "threads": cores, "status": cpu_gemm.status(), "ms": rows}

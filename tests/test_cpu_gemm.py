@@ -78,16 +78,17 @@ needs_simd = pytest.mark.skipif(not SIMD, reason="this CPU has neither AVX-512F 
 
 
 def _kernel_rows(ours) -> int:
-    """The most rows the library computes: 16 with AVX-512F, 24 with AVX2 (small_gemm.c)."""
-    return 16 if ours.mlxspec_small_gemm_lanes() == 16 else 24
+    """The most rows the library computes: 24 with AVX-512F and with AVX2 (small_gemm.c)."""
+    assert ours.mlxspec_small_gemm_lanes() in (8, 16)
+    return 24
 
 
 @needs_simd
-@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 16, 17, 21, 24])
+@pytest.mark.parametrize("M", [1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 16, 17, 21, 24, 25])
 @pytest.mark.parametrize("N,K", [(1536, 576), (37, 5), (50, 17), (7, 1000)])
 def test_small_products_equal_float64(libs, M, N, K):
     ours, ob = libs
-    if M > _kernel_rows(ours):  # more rows than this CPU's kernel computes (AVX-512F: 16): OpenBLAS's own
+    if M > _kernel_rows(ours):  # more rows than the kernel computes (24): OpenBLAS's own
         rng = np.random.default_rng(M)
         A = rng.standard_normal((M, K), dtype=np.float32)
         W = rng.standard_normal((N, K), dtype=np.float32)
@@ -229,8 +230,7 @@ def test_ld_preload_puts_it_in_front_of_openblas(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], env={**env, "LD_PRELOAD": " ".join(both)}, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
-    # preloaded, nothing calls mlxspec_small_gemm_init: its own row limit holds (24 rows with AVX2,
-    # which a default of 16 once sent to OpenBLAS; AVX-512F's kernel computes 16)
-    avx512 = " avx512f" in open("/proc/cpuinfo").read()
-    lanes, n = ("AVX-512F", 1) if avx512 else ("AVX2 + FMA", 2)
-    assert r.stdout.strip().splitlines()[-1] == f"small-M GEMM: on ({n} products so far; {lanes})"
+    # preloaded, nothing calls mlxspec_small_gemm_init: its own row limit holds (24 rows, which a
+    # default of 16 once sent to OpenBLAS)
+    lanes = "AVX-512F" if " avx512f" in open("/proc/cpuinfo").read() else "AVX2 + FMA"
+    assert r.stdout.strip().splitlines()[-1] == f"small-M GEMM: on (2 products so far; {lanes})"

@@ -1,6 +1,6 @@
 /* cblas_sgemm for the shapes of a decode or verify step on an x86-64 CPU: C = alpha * A @ B^T +
    beta * C, A [M, K] row-major, B stored [N, K] row-major (an nn.Linear weight, B^T as MLX passes
-   it), 1 <= M <= max_rows and the kernel's rows (16 with AVX-512F, 24 with AVX2; while OpenBLAS runs more than one thread: M <= threaded_rows). Anything
+   it), 1 <= M <= max_rows and the kernel's rows (24; while OpenBLAS runs more than one thread: M <= threaded_rows). Anything
    else goes to the cblas_sgemm this one stands in front of (mlxspec/cpu_gemm.py loads it before OpenBLAS).
 
    Why: OpenBLAS packs B for every GEMM; with a few rows that packing, not the arithmetic, is the
@@ -24,7 +24,7 @@ static sgemm_fn next_sgemm;
 static threads_fn blas_threads;
 static int max_rows = 24; /* capped by KERNEL_ROWS; mlxspec_small_gemm_init sets it (LD_PRELOAD: never called) */
 /* the largest M computed here while OpenBLAS runs more than one thread (split over two cores,
-   `split`): every product it computes (16 rows with AVX-512F, 24 with AVX2); one core of ours alone had beaten OpenBLAS's two
+   `split`): every product it computes (24 rows); one core of ours alone had beaten OpenBLAS's two
    threads up to 12 rows on a 2-core AVX2 EPYC (SmolLM2-135M, a forward of 1 row 73 ms against
    110, 12 rows 217 against 273, 16 rows 252 against 213: scripts/gemm_rows.py, docs/cli.md) */
 static int threaded_rows = 24;
@@ -65,7 +65,7 @@ int mlxspec_small_gemm_available(void) { return mlxspec_small_gemm_lanes() > 0; 
 #include <immintrin.h>
 
 #if SMALL_GEMM == 16
-#define KERNEL_ROWS 16 /* the most activation rows `small` computes */
+#define KERNEL_ROWS 24 /* the most activation rows `small` computes (groups of 8 above 8) */
 typedef __m512 vec;
 typedef __mmask16 tailmask;
 #define V_ZERO() _mm512_setzero_ps()
@@ -141,7 +141,11 @@ __attribute__((always_inline)) static inline void block(int M, int R, int n, int
 /* AVX2 above 4 rows: R weight rows against 4 activation rows at a time (12 accumulators, 3
    weights and one A row: the 16 registers), the block's weight rows read back from L1 for each
    group of 4, so no accumulator spills; each output's sum is the same as with all rows at once.
-   AVX-512 (32 registers): all M rows in one block. */
+   AVX-512 (32 registers): up to 12 rows in one block; above 12, groups of 8 against 3 weight rows
+   (24 accumulators). One block of 13-16 rows took one weight row at a time (SmolLM2's GEMMs over
+   16 rows: 47 ms against 41-45 in groups, 25 over one row), and 17-24 rows went to OpenBLAS
+   (17 rows: 83 ms against 44-46 here; a verify of 17 rows cost 3.2 one-row steps in mlxspec
+   bench's curve, 2026-12-05, a 2-core Xeon with AVX-512; /tmp/gm2.py in that session's note). */
 #define GROUP(m)                                                                                    \
     block(m, R, n, K, alpha, A + (size_t)m0 * lda, lda, B, ldb, beta, C + (size_t)m0 * ldc, ldc)
 __attribute__((always_inline)) static inline void groups(int M, int R, int n, int K, float alpha, const float *A,
@@ -149,7 +153,20 @@ __attribute__((always_inline)) static inline void groups(int M, int R, int n, in
                                                          int ldc) {
     int m0 = 0;
 #if SMALL_GEMM == 16
-    GROUP(M);
+    if (M <= 12) {
+        GROUP(M);
+        return;
+    }
+    for (; m0 + 8 <= M; m0 += 8) GROUP(8);
+    switch (M - m0) {
+        case 1: GROUP(1); break;
+        case 2: GROUP(2); break;
+        case 3: GROUP(3); break;
+        case 4: GROUP(4); break;
+        case 5: GROUP(5); break;
+        case 6: GROUP(6); break;
+        case 7: GROUP(7); break;
+    }
 #else
     for (; m0 + 4 <= M; m0 += 4) GROUP(4);
     switch (M - m0) {
@@ -178,7 +195,8 @@ static int small(int M, int N, int K, float alpha, const float *A, int lda, cons
     switch (M) {  /* weight rows per block: R x M accumulators, R weights and one A row in registers */
 #if SMALL_GEMM == 16
         CASE(1, 4) CASE(2, 4) CASE(3, 4) CASE(4, 4) CASE(5, 4) CASE(6, 4) CASE(7, 3) CASE(8, 3)
-        CASE(9, 2) CASE(10, 2) CASE(11, 2) CASE(12, 2) CASE(13, 1) CASE(14, 1) CASE(15, 1) CASE(16, 1)
+        CASE(9, 2) CASE(10, 2) CASE(11, 2) CASE(12, 2) CASE(13, 3) CASE(14, 3) CASE(15, 3) CASE(16, 3)
+        CASE(17, 3) CASE(18, 3) CASE(19, 3) CASE(20, 3) CASE(21, 3) CASE(22, 3) CASE(23, 3) CASE(24, 3)
 #else
         CASE(1, 4) CASE(2, 4) CASE(3, 3) CASE(4, 3) CASE(5, 3) CASE(6, 3) CASE(7, 3) CASE(8, 3) CASE(9, 3) CASE(10, 3)
         CASE(11, 3) CASE(12, 3) CASE(13, 3) CASE(14, 3) CASE(15, 3) CASE(16, 3) CASE(17, 3) CASE(18, 3) CASE(19, 3)
