@@ -45,6 +45,7 @@ def test_bench_tiny_run(drafter_dir, tmp_path, capsys):
     trees = [f"{lab} tree=3" for lab in (fixed[0], *adaptive)]  # a tree row beside each chain row
     labels = ["mlx_lm AR", "mlxspec AR", fixed[0], *adaptive, fixed[1], *trees]
     assert "Command: `" in cap.out and "| T | configuration | tok/s | x AR | tau | accept | drafter |" in cap.out
+    assert "x AR: over mlxspec AR, [95% interval: a paired bootstrap over the prompts]" in cap.out
     for lab in labels:
         assert f"| {lab} |" in cap.out
 
@@ -57,6 +58,7 @@ def test_bench_tiny_run(drafter_dir, tmp_path, capsys):
     for r in rows.values():
         assert r["tokens_per_s"] > 0 and r["ratio_vs_mlxspec_ar"] > 0 and r["peak_memory_mb"] > 0
         assert all(len(p) == 1 for p in r["tokens_per_s_per_prompt"])
+        assert r["ratio_interval"] is None  # one prompt: no interval (tests/test_bench_compare.py)
     for t in (0.0, 1.0):
         ar = rows[(t, "mlxspec AR", "all")]
         assert ar["ratio_vs_mlxspec_ar"] == 1.0 and ar["tau"] == 1.0 and ar["acceptance_rate"] is None

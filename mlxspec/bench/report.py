@@ -12,6 +12,12 @@ def _f(x, fmt="{:.2f}", none="–"):
     return none if x is None else fmt.format(x)
 
 
+def _xar(r: Row) -> str:
+    """x AR with its 95% paired-bootstrap interval over the prompts, where there is one."""
+    ci = r.ratio_interval
+    return _f(r.ratio_vs_mlxspec_ar) + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+
 def markdown(rows: list[Row], meta, s, ms, context) -> str:
     temps = s["temps"]
     L_max = max(ms)
@@ -31,7 +37,7 @@ def markdown(rows: list[Row], meta, s, ms, context) -> str:
         + (f", {L_max} tokens {ms[L_max]:.2f} ms ({ms[L_max] / ms[1]:.2f}x)." if L_max > 1 else "."),
         "",
         "tok/s: generation only (prefill excluded), median over repeats, mean over prompts. "
-        "x AR: over mlxspec AR. ideal = tau * t(1) / t(mean verify length); eff = x AR / ideal. "
+        "x AR: over mlxspec AR, [95% interval: a paired bootstrap over the prompts]. ideal = tau * t(1) / t(mean verify length); eff = x AR / ideal. "
         "drafter: the drafter's share of the accepted drafts (prompt lookup's is the rest).",
         "",
         "| T | configuration | tok/s | x AR | tau | accept | drafter | verify len | ideal | eff | draft / verify | peak MiB | "
@@ -44,7 +50,7 @@ def markdown(rows: list[Row], meta, s, ms, context) -> str:
         same = f"{r.same_tokens_as_ar[0]}/{r.same_tokens_as_ar[1]}" if r.same_tokens_as_ar is not None else "–"
         out.append(
             f"| {r.temp:g} | {r.configuration} | {_f(r.tokens_per_s, '{:.1f}')} | "
-            f"{_f(r.ratio_vs_mlxspec_ar)} | {_f(r.tau)} | {_f(r.acceptance_rate, '{:.1%}')} | "
+            f"{_xar(r)} | {_f(r.tau)} | {_f(r.acceptance_rate, '{:.1%}')} | "
             f"{_f(r.drafter_accepted_share, '{:.0%}')} | {_f(r.mean_verify_length)} | {_f(r.ideal_speedup)} | {_f(r.efficiency, '{:.0%}')} | "
             f"{share} | {r.peak_memory_mb:.0f} | {same} |")
     out += ["", "By category:", "",
@@ -52,7 +58,7 @@ def markdown(rows: list[Row], meta, s, ms, context) -> str:
             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in (r for r in rows if r.category != "all"):
         out.append(f"| {r.temp:g} | {r.configuration} | {r.category} | {_f(r.tokens_per_s, '{:.1f}')} | "
-                   f"{_f(r.ratio_vs_mlxspec_ar)} | {_f(r.tau)} | {_f(r.acceptance_rate, '{:.1%}')} | "
+                   f"{_xar(r)} | {_f(r.tau)} | {_f(r.acceptance_rate, '{:.1%}')} | "
                    f"{_f(r.efficiency, '{:.0%}')} | {_f(r.drafter_accepted_share, '{:.0%}')} |")
     spec_rows = [r for r in rows if r.category == "all" and r.acceptance_rate is not None]
     if spec_rows:

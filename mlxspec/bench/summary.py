@@ -1,10 +1,21 @@
-"""Bench results as rows: one `Row` per (temperature, configuration, category + "all")."""
+"""Bench results as rows: one `Row` per (temperature, configuration, category + "all").
+
+x AR comes with a 95% interval (`ratio_interval`): a paired bootstrap over the prompts. Every
+configuration runs the same prompts, interleaved per prompt and repeat, so the ratio of two rows
+is resampled prompt by prompt (the same prompts on both sides) and the interval covers which
+prompts the run happened to draw as well as the clock's noise between repeats. With 2 prompts per
+category a category's interval is wide, and that is the point: two runs of 2 prompts once gave
+trees 1.14x and 0.92x their chains on code (docs/trees.md), a difference no single run of that
+size could have told apart from noise.
+"""
 
 from __future__ import annotations
 
 import math
 import statistics
 from dataclasses import asdict, dataclass
+
+import numpy as np
 
 from mlxspec.engine.loop import SpecStats
 
@@ -34,6 +45,7 @@ class Row:
     drafter_accepted_share: float | None = None  # the drafter's share of the accepted drafts (lookup's is the rest)
     same_tokens_as_ar: list | None = None  # greedy: [prompts with AR's tokens, prompts]
     ratio_vs_mlxspec_ar: float | None = None
+    ratio_interval: list | None = None  # 95% paired-bootstrap interval of ratio_vs_mlxspec_ar (module docstring)
     ideal_speedup: float | None = None
     efficiency: float | None = None
 
@@ -47,6 +59,36 @@ def forward_ms(ms: dict, L: float) -> float:
     hi = min(lo + 1, max(ms))
     f = min(max(L - lo, 0.0), 1.0)
     return ms[lo] * (1 - f) + ms[hi] * f
+
+
+BOOTSTRAP = 2000  # resamples; a fixed seed, so a report is reproducible from its timings
+
+
+def _prompt_medians(per_prompt: list) -> list:
+    """Per prompt, the median of its timed repeats (None where none was timed)."""
+    out = []
+    for p in per_prompt:
+        xs = [x for x in p if x is not None]
+        out.append(statistics.median(xs) if xs else None)
+    return out
+
+
+def paired_interval(a_per_prompt: list, b_per_prompt: list, level: float = 0.95, n: int = BOOTSTRAP,
+                    seed: int = 0) -> list | None:
+    """95% interval of mean(a) / mean(b) over prompts (each prompt's median over its repeats),
+    by a paired bootstrap: prompts resampled with replacement, the same ones on both sides.
+    [[tok/s per repeat] per prompt] for each -> [low, high], or None with fewer than 2 prompts
+    timed on both sides (one prompt says nothing about the next)."""
+    a, b = _prompt_medians(a_per_prompt), _prompt_medians(b_per_prompt)
+    pairs = [(x, y) for x, y in zip(a, b) if x is not None and y is not None and y > 0]
+    if len(pairs) < 2:
+        return None
+    x = np.array([p[0] for p in pairs], dtype=np.float64)
+    y = np.array([p[1] for p in pairs], dtype=np.float64)
+    idx = np.random.default_rng(seed).integers(0, len(pairs), size=(n, len(pairs)))
+    ratios = x[idx].mean(axis=1) / y[idx].mean(axis=1)
+    lo, hi = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+    return [float(lo), float(hi)]
 
 
 def summarize(configs, timings, s, ms) -> list[Row]:
@@ -87,6 +129,8 @@ def summarize(configs, timings, s, ms) -> list[Row]:
         ar = next(x for x in rows if x.configuration == AR and x.temp == row.temp and x.category == row.category)
         ok = row.tokens_per_s and ar.tokens_per_s
         row.ratio_vs_mlxspec_ar = row.tokens_per_s / ar.tokens_per_s if ok else None
+        if ok and row is not ar:
+            row.ratio_interval = paired_interval(row.tokens_per_s_per_prompt, ar.tokens_per_s_per_prompt)
         if row.engine == "mlxspec" and row.acceptance_rate is not None and row.mean_verify_length:
             row.ideal_speedup = row.tau * ms[1] / forward_ms(ms, row.mean_verify_length)
             row.efficiency = row.ratio_vs_mlxspec_ar / row.ideal_speedup if ok else None
