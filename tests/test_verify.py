@@ -12,7 +12,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlxspec.engine.verify import SamplingParams, accept_greedy, accept_sampled, probs_from_logits, sample_token
+from mlxspec.engine.verify import SamplingParams, accept_greedy, accept_sampled, probs_from_logits, sample_token, target_probs
 
 DELTA = 1e-4
 
@@ -121,49 +121,74 @@ def test_sampled_check_detects_a_wrong_residual():
 
 # ----------------------------------------------------------------------------- transforms
 
-def _probs(logits, **kw):
-    return np.asarray(probs_from_logits(mx.array(np.asarray(logits, np.float32)), SamplingParams(**kw)))
+# the drafts' transform (MLX) and the target's (`target_probs`, numpy: MLX's CPU exp is ~30x slower)
+# must be the same transform: every exact check below runs on both
+IMPLS = {"mlx": lambda z, sp: np.asarray(probs_from_logits(mx.array(z), sp)),
+         "numpy": lambda z, sp: target_probs(mx.array(z), sp)}
+impls = pytest.mark.parametrize("impl", sorted(IMPLS))
 
 
-def test_temperature_only():
+def _probs(logits, impl="mlx", **kw):
+    return IMPLS[impl](np.asarray(logits, np.float32), SamplingParams(**kw))
+
+
+@impls
+def test_temperature_only(impl):
     z = np.array([1.0, 2.0, 3.0, 4.0])
     for t in (1.0, 0.5, 2.0):
         e = np.exp(z / t - (z / t).max())
-        np.testing.assert_allclose(_probs(z, temperature=t), e / e.sum(), rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(_probs(z, impl, temperature=t), e / e.sum(), rtol=1e-5, atol=1e-7)
 
 
-def test_top_k_exact():
+@impls
+def test_top_k_exact(impl):
     z = np.array([1.0, 2.0, 3.0, 4.0])
     e3, e4 = math.exp(3), math.exp(4)
-    np.testing.assert_allclose(_probs(z, temperature=1.0, top_k=2), [0, 0, e3 / (e3 + e4), e4 / (e3 + e4)],
+    np.testing.assert_allclose(_probs(z, impl, temperature=1.0, top_k=2), [0, 0, e3 / (e3 + e4), e4 / (e3 + e4)],
                                rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(_probs(z, temperature=1.0, top_k=1), [0, 0, 0, 1], atol=1e-7)
+    np.testing.assert_allclose(_probs(z, impl, temperature=1.0, top_k=1), [0, 0, 0, 1], atol=1e-7)
     # top_k >= V (and 0) leave the distribution alone
-    np.testing.assert_allclose(_probs(z, temperature=1.0, top_k=4), _probs(z, temperature=1.0), rtol=1e-6)
-    np.testing.assert_allclose(_probs(z, temperature=1.0, top_k=0), _probs(z, temperature=1.0), rtol=1e-6)
+    np.testing.assert_allclose(_probs(z, impl, temperature=1.0, top_k=4), _probs(z, impl, temperature=1.0), rtol=1e-6)
+    np.testing.assert_allclose(_probs(z, impl, temperature=1.0, top_k=0), _probs(z, impl, temperature=1.0), rtol=1e-6)
 
 
-def test_top_p_exact():
+@impls
+def test_top_p_exact(impl):
     base = np.array([0.5, 0.25, 0.15, 0.1])
     z = np.log(base)[[2, 0, 3, 1]]  # unsorted on purpose: [0.15, 0.5, 0.1, 0.25]
     # smallest prefix (by probability) whose mass reaches top_p
-    np.testing.assert_allclose(_probs(z, temperature=1.0, top_p=0.7), [0, 2 / 3, 0, 1 / 3], rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(_probs(z, temperature=1.0, top_p=0.8), [0.15, 0.5, 0, 0.25] / np.float32(0.9),
+    np.testing.assert_allclose(_probs(z, impl, temperature=1.0, top_p=0.7), [0, 2 / 3, 0, 1 / 3], rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(_probs(z, impl, temperature=1.0, top_p=0.8), [0.15, 0.5, 0, 0.25] / np.float32(0.9),
                                rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(_probs(z, temperature=1.0, top_p=0.3), [0, 1, 0, 0], atol=1e-7)
+    np.testing.assert_allclose(_probs(z, impl, temperature=1.0, top_p=0.3), [0, 1, 0, 0], atol=1e-7)
     # batched rows are transformed independently
-    two = _probs(np.stack([z, z[::-1]]), temperature=1.0, top_p=0.7)
+    two = _probs(np.stack([z, z[::-1]]), impl, temperature=1.0, top_p=0.7)
     np.testing.assert_allclose(two[1], [1 / 3, 0, 2 / 3, 0], rtol=1e-5, atol=1e-7)
 
 
-def test_top_k_then_top_p_with_temperature():
+@impls
+def test_top_k_then_top_p_with_temperature(impl):
     z = np.array([0.0, 1.0, 2.0, 3.0, 4.0])
     # T = 0.5 doubles the logits; top-k 3 keeps {2, 3, 4}; top-p 0.9 then drops index 2
     e = np.exp(np.array([4.0, 6.0, 8.0]) - 8.0)
     k3 = e / e.sum()  # [0.0159, 0.1173, 0.8668]
     assert k3[2] < 0.9 < k3[1] + k3[2]
     expect = np.array([0, 0, 0, k3[1], k3[2]]) / (k3[1] + k3[2])
-    np.testing.assert_allclose(_probs(z, temperature=0.5, top_k=3, top_p=0.9), expect, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(_probs(z, impl, temperature=0.5, top_k=3, top_p=0.9), expect, rtol=1e-5, atol=1e-7)
+
+
+def test_the_targets_numpy_transform_matches_the_drafts_on_a_real_vocabulary():
+    """target_probs against probs_from_logits over 49,152 logits: the same kept set under top-k,
+    probabilities within float32 rounding, and NaN logits give non-finite rows (which acceptance
+    refuses) rather than a distribution."""
+    z = np.random.default_rng(0).standard_normal((3, 49152)).astype(np.float32) * 4
+    for kw in (dict(temperature=1.0), dict(temperature=0.7, top_k=50), dict(temperature=0.8, top_k=100, top_p=0.5)):
+        a, b = _probs(z, "numpy", **kw), _probs(z, "mlx", **kw)
+        assert a.dtype == np.float32 and a.shape == z.shape
+        assert np.array_equal(a > 0, b > 0)
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-6)
+    assert target_probs(z[0], SamplingParams(temperature=1.0)).shape == (49152,)
+    assert not np.isfinite(target_probs(np.full((2, 8), np.nan, np.float32), SamplingParams(temperature=1.0))).any()
 
 
 def test_sample_token_never_draws_zero_mass():

@@ -50,8 +50,8 @@ from mlxspec.engine.verify import (
     accept_sampled,
     argmax_lazy,
     check_finite,
-    probs_from_logits,
     sample_token,
+    target_probs,
 )
 from mlxspec.targets.model import Target
 
@@ -249,10 +249,8 @@ class SpecBatch(BatchRows):
             am_of = {b: am[starts[b] : starts[b] + len(blocks[b])] for b in live_idx if self.rows[b].sampling.greedy}
         sampled = [b for b in live_idx if not self.rows[b].sampling.greedy]
         if sampled:
-            ps = [probs_from_logits(vlogits[starts[b] : starts[b] + len(blocks[b])], self.rows[b].sampling)
-                  for b in sampled]
-            mx.eval(ps)
-            p_of = dict(zip(sampled, ps))
+            p_of = {b: target_probs(vlogits[starts[b] : starts[b] + len(blocks[b])], self.rows[b].sampling)
+                    for b in sampled}
         t_sync = time.perf_counter()
         # a forward started ahead ran from the last step's tokens on: its time is that step's
         # bookkeeping and this step's wait, not the caller's work between (which it overlapped,

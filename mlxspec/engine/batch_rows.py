@@ -37,7 +37,7 @@ from mlxspec.blas import govern
 from mlxspec.engine.drafting import Drafter, NoDrafter
 from mlxspec.engine.loop import InvariantError, SpecStats
 from mlxspec.engine.policy import LengthPolicy, compose
-from mlxspec.engine.verify import SamplingParams, argmax_finite, probs_from_logits, sample_token
+from mlxspec.engine.verify import SamplingParams, argmax_finite, sample_token, target_probs
 from mlxspec.errors import MlxspecError
 from mlxspec.targets.model import Target, cache_length
 from mlxspec.targets.rollback import TargetCache
@@ -362,8 +362,7 @@ class BatchRows:
 def _pick(logits: mx.array, sp: SamplingParams, rng) -> int:
     if sp.greedy:
         return int(argmax_finite(logits).item())
-    p = probs_from_logits(logits[None], sp)
-    return sample_token(np.asarray(p[0]), rng)
+    return sample_token(target_probs(logits, sp), rng)
 
 
 def _check(r: Row, n: int) -> None:

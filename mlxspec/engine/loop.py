@@ -38,8 +38,8 @@ from mlxspec.engine.verify import (
     accept_greedy,
     accept_sampled,
     argmax_finite,
-    probs_from_logits,
     sample_token,
+    target_probs,
     target_rows,
 )
 from mlxspec.logger import say
@@ -273,8 +273,7 @@ def tree_settings(target: Target, tree) -> TreeSettings:
 def _pick(logits: mx.array, sp: SamplingParams, rng) -> int:
     if sp.greedy:
         return int(argmax_finite(logits).item())
-    p = probs_from_logits(logits[None], sp)
-    return sample_token(np.asarray(p[0]), rng)
+    return sample_token(target_probs(logits, sp), rng)
 
 
 def _check(target, cache, drafter, expected_len):

@@ -55,6 +55,38 @@ def probs_from_logits(logits: mx.array, sp: SamplingParams) -> mx.array:
     return p
 
 
+def target_probs(logits, sp: SamplingParams) -> np.ndarray:
+    """`probs_from_logits` of the target's rows, computed by numpy: [..., V] float32.
+
+    The same transform (temperature, then top-k, then top-p, renormalised). MLX's CPU `exp` is
+    scalar in the wheels mlxspec runs on (~13 ns an element on a 2-core AVX-512 Xeon, numpy's
+    0.4), so a softmax over a 49k vocabulary took 0.8 ms a row: 2% of a SmolLM2 decode step for
+    every sampled token, and a sampled verify of 3 rows paid it three times. Every path that
+    samples from the target uses this one (the loop, trees, both batched engines), so a sampled
+    step and an autoregressive one draw from the same numbers; drafts keep their own MLX
+    distributions, which verification reads as given (losslessness needs q to be what the draft
+    was drawn from, not the same code as p)."""
+    x = np.array(logits.astype(mx.float32) if isinstance(logits, mx.array) else logits, dtype=np.float32)
+    x /= np.float32(max(sp.temperature, 1e-6))
+    v = x.shape[-1]
+    if sp.top_k and 0 < sp.top_k < v:
+        kth = np.partition(x, v - sp.top_k, axis=-1)[..., v - sp.top_k : v - sp.top_k + 1]
+        x[x < kth] = -np.inf
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN / inf logits: caught where the rows are read
+        x -= x.max(axis=-1, keepdims=True)
+        p = np.exp(x, out=x)
+        p /= p.sum(axis=-1, keepdims=True)
+        if sp.top_p < 1.0:
+            order = np.argsort(-p, axis=-1, kind="stable")
+            ps = np.take_along_axis(p, order, axis=-1)
+            keep_sorted = (np.cumsum(ps, axis=-1) - ps) < sp.top_p  # the smallest prefix reaching top_p
+            keep = np.zeros_like(p)
+            np.put_along_axis(keep, order, keep_sorted.astype(p.dtype), axis=-1)
+            p *= keep
+            p /= p.sum(axis=-1, keepdims=True)
+    return p
+
+
 def _nonfinite(who: str = "the target") -> Exception:
     return MlxspecError(f"{who} produced non-finite (NaN/Inf) logits or probabilities; its weights are "
                         "corrupt or overflow in this precision: re-download or re-convert the model")
@@ -135,6 +167,4 @@ def target_rows(logits: mx.array, sp: SamplingParams):
     greedy) or its probabilities after the sampling transform ([L, V] numpy, sampled)."""
     if sp.greedy:
         return argmax_finite(logits).tolist()
-    p = probs_from_logits(logits, sp)
-    mx.eval(p)
-    return np.asarray(p)
+    return target_probs(logits, sp)
