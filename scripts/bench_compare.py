@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
 
-from mlxspec.bench.summary import _prompt_medians, paired_interval
+from mlxspec.bench.summary import paired_interval, prompt_medians
 
 
 def fail(msg: str) -> None:
@@ -49,8 +50,8 @@ def compare(results: list, a: str, b: str, goal: float | None = None) -> list[di
         if label != a or (b, temp, cat) not in rows:
             continue
         rb = rows[(b, temp, cat)]
-        ma = [x for x in _prompt_medians(ra["tokens_per_s_per_prompt"]) if x is not None]
-        mb = [x for x in _prompt_medians(rb["tokens_per_s_per_prompt"]) if x is not None]
+        ma = [x for x in prompt_medians(ra["tokens_per_s_per_prompt"]) if x is not None]
+        mb = [x for x in prompt_medians(rb["tokens_per_s_per_prompt"]) if x is not None]
         if not ma or not mb:
             continue
         ratio = statistics.mean(ma) / statistics.mean(mb)
@@ -78,8 +79,8 @@ def main(argv=None) -> int:
         results = data["results"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         fail(f"{path}: not a bench.json of mlxspec bench ({type(e).__name__}: {e}); pass the bench.json in a --out folder")
-    if args.goal is not None and not args.goal > 0:
-        fail(f"--goal {args.goal}: give a ratio above 0, e.g. 1.10")
+    if args.goal is not None and not (math.isfinite(args.goal) and args.goal > 0):
+        fail(f"--goal {args.goal}: give a finite ratio above 0, e.g. 1.10")
     labels = list(dict.fromkeys(r["configuration"] for r in results))
     a, b = pick(labels, args.a, "--a"), pick(labels, args.b, "--b")
     if a == b:

@@ -63,7 +63,10 @@ def test_a_goal_inside_the_interval_cannot_be_told():
     (["--a", "eagle3", "--b", CHAIN], "--a 'eagle3' names 4 configurations of this run; give one of: 'mlx_lm AR'"),
     (["--a", TREE, "--b", "no such row"], "--b 'no such row' names 0 configurations of this run"),
     (["--a", CHAIN, "--b", CHAIN], "--a and --b both name"),
-    (["--a", TREE, "--b", CHAIN, "--goal", "-1"], "--goal -1.0: give a ratio above 0"),
+    (["--a", TREE, "--b", CHAIN, "--goal", "-1"], "--goal -1.0: give a finite ratio above 0"),
+    (["--a", TREE, "--b", CHAIN, "--goal", "0"], "--goal 0.0: give a finite ratio above 0"),
+    (["--a", TREE, "--b", CHAIN, "--goal", "nan"], "--goal nan: give a finite ratio above 0"),
+    (["--a", TREE, "--b", CHAIN, "--goal", "inf"], "--goal inf: give a finite ratio above 0"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(args, message):
     r = _compare(str(RUN), *args)

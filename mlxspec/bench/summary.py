@@ -64,7 +64,7 @@ def forward_ms(ms: dict, L: float) -> float:
 BOOTSTRAP = 2000  # resamples; a fixed seed, so a report is reproducible from its timings
 
 
-def _prompt_medians(per_prompt: list) -> list:
+def prompt_medians(per_prompt: list) -> list:
     """Per prompt, the median of its timed repeats (None where none was timed)."""
     out = []
     for p in per_prompt:
@@ -79,7 +79,7 @@ def paired_interval(a_per_prompt: list, b_per_prompt: list, level: float = 0.95,
     by a paired bootstrap: prompts resampled with replacement, the same ones on both sides.
     [[tok/s per repeat] per prompt] for each -> [low, high], or None with fewer than 2 prompts
     timed on both sides (one prompt says nothing about the next)."""
-    a, b = _prompt_medians(a_per_prompt), _prompt_medians(b_per_prompt)
+    a, b = prompt_medians(a_per_prompt), prompt_medians(b_per_prompt)
     pairs = [(x, y) for x, y in zip(a, b) if x is not None and y is not None and y > 0]
     if len(pairs) < 2:
         return None
@@ -100,8 +100,7 @@ def summarize(configs, timings, s, ms) -> list[Row]:
             for cat in s["categories"] + ["all"]:
                 cats = s["categories"] if cat == "all" else [cat]
                 per_prompt = [p for c in cats for p in r["tps"][c]]
-                medians = [statistics.median([x for x in p if x is not None]) for p in per_prompt
-                           if any(x is not None for x in p)]
+                medians = [m for m in prompt_medians(per_prompt) if m is not None]
                 st = SpecStats()
                 for one in (x for c in cats for x in r["stats"][c]):
                     st.merge(one)

@@ -145,7 +145,7 @@ __attribute__((always_inline)) static inline void block(int M, int R, int n, int
    (24 accumulators). One block of 13-16 rows took one weight row at a time (SmolLM2's GEMMs over
    16 rows: 47 ms against 41-45 in groups, 25 over one row), and 17-24 rows went to OpenBLAS
    (17 rows: 83 ms against 44-46 here; a verify of 17 rows cost 3.2 one-row steps in mlxspec
-   bench's curve, 2026-12-05, a 2-core Xeon with AVX-512; /tmp/gm2.py in that session's note). */
+   bench's curve, 2026-12-05, a 2-core Xeon with AVX-512; docs/cli.md, scripts/gemm_rows.py). */
 #define GROUP(m)                                                                                    \
     block(m, R, n, K, alpha, A + (size_t)m0 * lda, lda, B, ldb, beta, C + (size_t)m0 * ldc, ldc)
 __attribute__((always_inline)) static inline void groups(int M, int R, int n, int K, float alpha, const float *A,

@@ -37,7 +37,7 @@ from mlxspec.blas import govern
 from mlxspec.engine.drafting import Drafter, NoDrafter
 from mlxspec.engine.loop import InvariantError, SpecStats
 from mlxspec.engine.policy import LengthPolicy, compose
-from mlxspec.engine.verify import SamplingParams, argmax_finite, sample_token, target_probs
+from mlxspec.engine.verify import SamplingParams, pick_token
 from mlxspec.errors import MlxspecError
 from mlxspec.targets.model import Target, cache_length
 from mlxspec.targets.rollback import TargetCache
@@ -224,7 +224,7 @@ class BatchRows:
         """After its prefill: the row's first token and its drafter's context -> [first token].
         A row done already (EOS, max_tokens 1) is marked `done` and does not join; the caller
         copies the joining rows' K/V in (`_join`)."""
-        first = _pick(logits, row.sampling, row.rng)
+        first = pick_token(logits, row.sampling, row.rng)
         row.stats.prompt_tokens, row.stats.prompt_time = len(row.prompt_ids), prompt_time
         row.drafter.begin(list(row.prompt_ids), ptaps)
         row.t_gen = time.perf_counter()
@@ -357,12 +357,6 @@ class BatchRows:
             layer.keep_rows(keep)
         self.rows = [self.rows[i] for i in keep]
         self.lens.set([self.lens.list[i] for i in keep])
-
-
-def _pick(logits: mx.array, sp: SamplingParams, rng) -> int:
-    if sp.greedy:
-        return int(argmax_finite(logits).item())
-    return sample_token(target_probs(logits, sp), rng)
 
 
 def _check(r: Row, n: int) -> None:

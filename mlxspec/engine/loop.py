@@ -37,9 +37,8 @@ from mlxspec.engine.verify import (
     SamplingParams,
     accept_greedy,
     accept_sampled,
-    argmax_finite,
+    pick_token,
     sample_token,
-    target_probs,
     target_rows,
 )
 from mlxspec.logger import say
@@ -187,7 +186,7 @@ def generate_steps(
 
     t0 = time.perf_counter()
     logits, ptaps = target(mx.array([prompt_ids[n_cached:]]), cache, taps=taps, logits="last")
-    first = _pick(logits[0, -1], sampling, rng)
+    first = pick_token(logits[0, -1], sampling, rng)
     stats.prompt_tokens, stats.prompt_time = len(prompt_ids), time.perf_counter() - t0
     drafter.begin(prompt_ids, ptaps)
     t_gen = time.perf_counter()
@@ -268,12 +267,6 @@ def tree_settings(target: Target, tree) -> TreeSettings:
         if why:
             return TreeSettings("off")
     return ts
-
-
-def _pick(logits: mx.array, sp: SamplingParams, rng) -> int:
-    if sp.greedy:
-        return int(argmax_finite(logits).item())
-    return sample_token(target_probs(logits, sp), rng)
 
 
 def _check(target, cache, drafter, expected_len):

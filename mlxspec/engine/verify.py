@@ -162,6 +162,14 @@ def sample_token(p: np.ndarray, rng: np.random.Generator) -> int:
     return _draw(np.asarray(p, dtype=np.float64), rng)
 
 
+def pick_token(logits: mx.array, sp: SamplingParams, rng: np.random.Generator) -> int:
+    """The target's next token from one row of logits [V]: its argmax (greedy, refusing NaN/Inf)
+    or a draw from `target_probs` (the prefill's token, in the loop and both batched engines)."""
+    if sp.greedy:
+        return int(argmax_finite(logits).item())
+    return sample_token(target_probs(logits, sp), rng)
+
+
 def target_rows(logits: mx.array, sp: SamplingParams):
     """A verify forward's rows [L, V], evaluated for acceptance: the argmax of each row (a list,
     greedy) or its probabilities after the sampling transform ([L, V] numpy, sampled)."""
