@@ -15,6 +15,12 @@ and cached; its shape moves with the host: a later session measured a decode ste
 a 17-row verify at 2.68 steps); `--profile FILE` reads a committed one instead
 (docs/bench/verify-profile-smollm2-2026-12-04.json), so runs compare across sessions too.
 tokens/s is measured either way.
+
+With `--fixed-costs` each row also has a **modeled x AR**: the tokens generated over what the
+steps would cost on the profile's machine, every verify priced at the profile's time for its
+row count and every drafter forward and head at `--fwd-ms` / `--head-ms` (counted as they run:
+the committed pairs' forwards and a tree's included), against one profile step per token. It
+repeats exactly, so two policies compare without the clock's noise (the timed bench confirms).
 """
 
 from __future__ import annotations
@@ -34,7 +40,8 @@ CONFIGS = {"default": dict(), "default+suffix": dict(lookup="suffix"),
            "dspark": dict(draft=DSPARK), "dspark+suffix": dict(draft=DSPARK, lookup="suffix"),
            "dspark+suffix-local": dict(draft=DSPARK, lookup="suffix", suffix_budget=0),
            "lookup": dict(spec_type="ngram"), "suffix": dict(spec_type="ngram", lookup="suffix"),
-           "eagle3": dict(ngram=False), "dspark-alone": dict(draft=DSPARK, ngram=False)}
+           "eagle3": dict(ngram=False), "ar": dict(draft="none"),
+           "default+tree": dict(tree="auto"), "eagle3+tree": dict(ngram=False, tree="auto"), "dspark-alone": dict(draft=DSPARK, ngram=False)}
 CATEGORIES = ("code", "prose", "chat")
 
 
@@ -96,6 +103,13 @@ def main(argv=None) -> int:
                     help="--fixed-costs: drafting cost per drafter forward (ms; EAGLE-3: per drafted token, a block drafter: per block)")
     ap.add_argument("--profile", default=None,
                     help="--fixed-costs: a verify profile file (length -> steps/second) in place of the machine's")
+    ap.add_argument("--fwd-ms", type=float, default=1.1,
+                    help="--fixed-costs: modeled cost of one drafter forward (ms; EAGLE-3 on the AVX-512 host: 1.0-1.3)")
+    ap.add_argument("--head-ms", type=float, default=0.45,
+                    help="--fixed-costs: modeled cost of one drafter head over its draft vocabulary (ms)")
+    ap.add_argument("--temp", type=float, default=0.0,
+                    help="sampling temperature (0: greedy; above it each prompt is drawn with seed = its index, the "
+                         "same in every configuration, so outputs differ between them and are not compared)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
     if a.profile and not a.fixed_costs:
@@ -108,19 +122,28 @@ def main(argv=None) -> int:
         ap.error(f"--categories: name one or more of {', '.join(CATEGORIES)}")
     if not 1 <= a.prompts <= 16 or not 2 <= a.max_tokens <= 1024 or not 0 <= a.draft_ms < 1e4:
         ap.error("--prompts must be 1-16, --max-tokens 2-1024, --draft-ms 0-10000")
+    if not (0 <= a.fwd_ms < 1e4 and 0 <= a.head_ms < 1e4):
+        ap.error("--fwd-ms and --head-ms must be 0-10000")
+    if not 0 <= a.temp <= 2:
+        ap.error("--temp must be 0-2")
 
     import mlxspec  # noqa: F401  (OpenBLAS before MLX)
     from mlxspec import api
 
     target, tok, _ = api.load(draft="none")
     profile = read_profile(a.profile) if a.profile else None
+    a.costs = None
+    if a.fixed_costs:
+        sps = profile or api.profile_for(target, _Longest())
+        a.costs = {"verify_s": {int(L): 1.0 / float(v) for L, v in sps.items()}, "fwd_s": a.fwd_ms / 1e3,
+                   "head_s": a.head_ms / 1e3}
     with fixed_costs(a.draft_ms if a.fixed_costs else None, profile):
         rows, outs = run(api, target, tok, names, a)
-    same = all(len({json.dumps(o) for o in by.values()}) == 1 for by in outs.values())
+    same = a.temp > 0 or all(len({json.dumps(o) for o in by.values()}) == 1 for by in outs.values())
     report = {"command": "scripts/lookup_heldout.py " + " ".join(sys.argv[1:] if argv is None else argv),
               "date": time.strftime("%Y-%m-%d %H:%M"), "fixed_costs": a.fixed_costs, "draft_ms": a.draft_ms,
-              "profile": a.profile,
-              "prompts_per_category": a.prompts, "max_tokens": a.max_tokens, "configs": rows,
+              "profile": a.profile, "fwd_ms": a.fwd_ms, "head_ms": a.head_ms,
+              "temperature": a.temp, "prompts_per_category": a.prompts, "max_tokens": a.max_tokens, "configs": rows,
               "outputs_identical": same}
     text = json.dumps(report, indent=1)
     if a.json:
@@ -131,9 +154,51 @@ def main(argv=None) -> int:
     return 0 if same else 1
 
 
+class _Longest:
+    """What `api.profile_for` needs of a drafter to profile every verify length up to 17."""
+
+    max_drafts = 16
+
+
+@contextlib.contextmanager
+def counting():
+    """Counts the EAGLE-3 drafter's forwards and heads while open -> the dict it fills."""
+    from mlxspec.drafters.eagle3 import Eagle3Model
+    from mlxspec.engine.eagle3 import Eagle3Drafter
+
+    n = {"fwd": 0, "head": 0}
+    call, logits = Eagle3Model.__call__, Eagle3Drafter.logits
+
+    def counted_call(self, *args, **kw):
+        n["fwd"] += 1
+        return call(self, *args, **kw)
+
+    def counted_logits(self, h):
+        n["head"] += 1
+        return logits(self, h)
+
+    Eagle3Model.__call__, Eagle3Drafter.logits = counted_call, counted_logits
+    try:
+        yield n
+    finally:
+        Eagle3Model.__call__, Eagle3Drafter.logits = call, logits
+
+
+def modeled(stats, n: dict, costs: dict) -> dict:
+    """Modeled seconds of a run's steps (module docstring) and x AR on that model."""
+    vs = costs["verify_s"]
+    verify = sum(vs[min(L, max(vs))] for L in stats.verify_lengths)
+    draft = n["fwd"] * costs["fwd_s"] + n["head"] * costs["head_s"]
+    tokens = max(stats.generated - 1, 0)
+    return {"modeled_x_ar": round(tokens * vs[1] / max(verify + draft, 1e-12), 4),
+            "modeled_draft_share": round(draft / max(verify + draft, 1e-12), 4),
+            "drafter_forwards": n["fwd"], "drafter_heads": n["head"]}
+
+
 def run(api, target, tok, names, a):
     """Every configuration over the held-out prompts -> (rows per config and category, outputs)."""
     from mlxspec.engine.loop import SpecStats
+    from mlxspec.engine.verify import SamplingParams
     from mlxspec.prompts import encode_prompt, load_prompts
 
     prompts = load_prompts()
@@ -142,19 +207,23 @@ def run(api, target, tok, names, a):
         spec = api.Speculator.build(api.SpecConfig(**CONFIGS[name]), target)
         for cat in a.categories:
             total, got = SpecStats(), []
-            for text in prompts[cat][: a.prompts]:
-                st, out = SpecStats(), []
-                for step in spec.session(target, encode_prompt(tok, cat, text), max_tokens=a.max_tokens,
-                                         eos_ids=api._eos_ids(tok), stats=st):
-                    out += step
-                total.merge(st)
-                got.append(out)
+            with counting() as n:
+                for i, text in enumerate(prompts[cat][: a.prompts]):
+                    st, out = SpecStats(), []
+                    for step in spec.session(target, encode_prompt(tok, cat, text), max_tokens=a.max_tokens,
+                                             eos_ids=api._eos_ids(tok), stats=st,
+                                             sampling=SamplingParams(temperature=a.temp), seed=i):
+                        out += step
+                    total.merge(st)
+                    got.append(out)
             outs.setdefault(cat, {})[name] = got
-            rows.setdefault(name, {})[cat] = {"tau": round(total.tau, 3), "tok_s": round(total.generation_tps, 2),
-                                              "forwards": total.target_forwards, "generated": total.generated,
-                                              "by_source_drafted_accepted": total.by_source}
-            print(f"{name} {cat}: tau {total.tau:.3f}, {total.generation_tps:.1f} tok/s, {total.by_source}",
-                  file=sys.stderr, flush=True)
+            row = rows.setdefault(name, {})[cat] = {"tau": round(total.tau, 3), "tok_s": round(total.generation_tps, 2),
+                                                    "forwards": total.target_forwards, "generated": total.generated,
+                                                    "by_source_drafted_accepted": total.by_source}
+            if a.costs:
+                row.update(modeled(total, n, a.costs))
+            print(f"{name} {cat}: tau {total.tau:.3f}, {total.generation_tps:.1f} tok/s, {total.by_source}"
+                  + (f", modeled {row['modeled_x_ar']:.3f}x AR" if a.costs else ""), file=sys.stderr, flush=True)
     return rows, outs
 
 

@@ -649,3 +649,37 @@ def test_lookup_heldout_reads_a_committed_profile(smollm2, tmp_path):
     with pytest.raises(SystemExit) as e:
         mod.main(["--profile", prof])  # without --fixed-costs: argparse's exit 2
     assert e.value.code == 2
+
+
+def test_lookup_heldout_models_each_run_on_the_profile(smollm2, tmp_path):
+    """--fixed-costs also prices every run on the profile (verify rows at the profile's time,
+    drafter forwards and heads at --fwd-ms / --head-ms): by hand on counts given, then on real
+    runs, where AR is exactly 1x and the EAGLE-3 default's forwards and heads are counted (and
+    the counting is undone after); a bad --temp is argparse's exit 2."""
+    import json
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from mlxspec.drafters.eagle3 import Eagle3Model
+    from mlxspec.engine.eagle3 import Eagle3Drafter
+
+    mod = _script("lookup_heldout")
+    costs = {"verify_s": {1: 0.04, 2: 0.044, 3: 0.05}, "fwd_s": 0.001, "head_s": 0.0005}
+    st = SimpleNamespace(verify_lengths=[1, 3, 2, 5], generated=9)  # 8 tokens after the prefill's
+    got = mod.modeled(st, {"fwd": 4, "head": 2}, costs)  # a 5-row verify is priced as the longest, 3
+    assert got["modeled_x_ar"] == round(8 * 0.04 / (0.04 + 0.05 + 0.044 + 0.05 + 0.005), 4)
+    assert got["modeled_draft_share"] == round(0.005 / 0.189, 4) and got["drafter_forwards"] == 4
+
+    call, logits = Eagle3Model.__call__, Eagle3Drafter.logits
+    out = tmp_path / "m.json"
+    prof = str(Path(__file__).resolve().parent.parent / "docs/bench/verify-profile-smollm2-avx512-2026-12-05.json")
+    assert mod.main(["--configs", "ar,default", "--prompts", "1", "--max-tokens", "10", "--categories", "code",
+                     "--fixed-costs", "--profile", prof, "--json", str(out)]) == 0
+    assert (Eagle3Model.__call__, Eagle3Drafter.logits) == (call, logits)
+    rep = json.loads(out.read_text())
+    ar, default = rep["configs"]["ar"]["code"], rep["configs"]["default"]["code"]
+    assert ar["modeled_x_ar"] == 1.0 and ar["drafter_forwards"] == 0 and rep["outputs_identical"]
+    assert default["drafter_forwards"] > 0 and default["drafter_heads"] > 0 and default["modeled_x_ar"] > 0
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--temp", "3"])
+    assert e.value.code == 2
