@@ -208,6 +208,9 @@ def main(argv=None) -> int:
     p.add_argument("--drafts", default="8", help="--replay: the most drafts per proposal, comma-separated (e.g. 8,16,32)")
     p.add_argument("--fresh-x", type=float, default=1.5,
                    help="--replay: x AR assumed for the tokens no copy covers (the default on fresh text; run 3: 1.35-1.63)")
+    p.add_argument("--modeled", default=None, metavar="PROFILE",
+                   help="no timing: each configuration's steps priced on this verify profile, as "
+                        "scripts/lookup_heldout.py --fixed-costs does (the policy sees those costs, not the clock)")
     p.add_argument("--out", default=None, help="write the JSON report here (else stdout)")
     a = p.parse_args(argv)
     raw = a.drafts
@@ -229,6 +232,8 @@ def main(argv=None) -> int:
     target, tok, _ = api.load(draft="none")
     if a.replay:
         return _replay(target, tok, users[: a.turns], a)
+    if a.modeled:
+        return _modeled(target, tok, users[: a.turns], [n for n in names if n != "AR"], a)
     specs = {n: build(n, target) for n in names}
     warm = _chat(tok, [{"role": "user", "content": "Say hello."}])
     for n in names:  # the verify profile and MLX's first calls, on a throwaway speculator
@@ -323,6 +328,48 @@ def _replay(target, tok, users, a) -> int:
                           **ceiling}}
     _emit(report, a.out)
     return 0
+
+
+def _modeled(target, tok, users, names, a) -> int:
+    """--modeled: every configuration through the whole conversation with fixed costs (the
+    profile's verify costs, 1.45 ms a draft for the policy; 1.1 ms a drafter forward and 0.45 a
+    head in the price): modeled x AR per turn and overall, repeatable to the digit."""
+    lh = _script_module("lookup_heldout")
+    prof = lh.read_profile(a.modeled)
+    costs = {"verify_s": {L: 1.0 / v for L, v in prof.items()}, "fwd_s": 1.1e-3, "head_s": 0.45e-3}
+    t1, report, answers = costs["verify_s"][1], {}, None
+    with lh.fixed_costs(1.45, prof):
+        for name in names:
+            spec, msgs, turns, tokens, seconds, outs = build(name, target), [], [], 0, 0.0, []
+            for t, (text, fresh) in enumerate(users):
+                msgs = [] if fresh else msgs
+                msgs.append({"role": "user", "content": text})
+                with lh.counting() as n:
+                    out, st = run_turn(target, tok, spec, _chat(tok, msgs), a.max_tokens)
+                m = lh.modeled(st, n, costs)
+                tokens += st.generated - 1
+                seconds += (st.generated - 1) * t1 / max(m["modeled_x_ar"], 1e-12)
+                turns.append({"turn": t + 1, "modeled_x_ar": m["modeled_x_ar"], "tau": round(st.tau, 3)})
+                outs.append(out)
+                answer = answers[t] if answers else tok.decode([x for x in out if x not in api._eos_ids(tok)])
+                msgs.append({"role": "assistant", "content": answer})
+            answers = answers or [tok.decode([x for x in o if x not in api._eos_ids(tok)]) for o in outs]
+            report[name] = {"turns": turns, "overall_modeled_x_ar": round(tokens * t1 / seconds, 3)}
+            print(f"{name}: " + ", ".join(f"{r['modeled_x_ar']:.2f}x" for r in turns)
+                  + f"; overall {report[name]['overall_modeled_x_ar']:.3f}x", file=sys.stderr, flush=True)
+    _emit({"command": "scripts/agent_bench.py " + " ".join(sys.argv[1:]), "date": time.strftime("%Y-%m-%d %H:%M"),
+           "profile": a.modeled, "configs": report}, a.out)
+    return 0
+
+
+def _script_module(name: str):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name(f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def _chat(tok, msgs) -> list[int]:

@@ -518,6 +518,55 @@ def test_sampling_is_lossless_and_the_check_catches_a_wrong_rule(monkeypatch):
     assert any(t > b for t, b in wrong.values()), f"the check missed a wrong acceptance rule: {wrong}"
 
 
+def test_sampled_trees_are_lossless_and_the_check_catches_a_wrong_rule(monkeypatch):
+    """EAGLE-3's dynamic tree at T=1 (each node's children drawn without replacement from the
+    drafter's own distribution over a reduced vocabulary, verified by recursive rejection over
+    the siblings) reproduces the target's exact distribution of 4 tokens; always walking to the
+    first child is caught."""
+    from mlxspec.engine import tree_step as ts
+    from mlxspec.engine.loop import generate_steps
+    from mlxspec.engine.policy import FixedLength
+    from test_tree import first_child
+
+    target = tiny_llama(1)
+    cfg = eagle3_config(vocab_size=V, draft_vocab_size=6, target_layer_ids=(0,), head_dim=8, hidden_size=32)
+    m = random_eagle3(cfg, seed=6, scale=0.4)
+    sp = SamplingParams(temperature=1.0)
+    exact = exact_distribution(target, TINY_PROMPT, sp, N_TOKENS)
+
+    def sample(n, stats=None):
+        return np.array([[t for s in generate_steps(target, TINY_PROMPT, drafter=Eagle3Drafter(m, cfg, target),
+                                                    max_tokens=N_TOKENS, sampling=sp, seed=seed, stats=stats,
+                                                    policy=FixedLength(), tree=5) for t in s] for seed in range(n)])
+
+    stats = SpecStats()
+    res = distribution_check(sample(1200, stats), exact)
+    assert not {k: v for k, v in res.items() if v[0] > v[1]}, res
+    assert max(stats.verify_lengths) == 6 and 0.05 < stats.accepted / stats.drafted < 0.95
+
+    monkeypatch.setattr(ts, "accept_sampled", first_child)
+    wrong = distribution_check(sample(400), exact)
+    assert any(t > b for t, b in wrong.values()), wrong
+
+
+def test_sampled_draft_bench_script_runs(tmp_path):
+    """scripts/bench_sampled_draft.py (the sampled drafts' host cost, docs/bench): both ways
+    timed, written as JSON; a draft vocabulary larger than the target's is argparse's exit 2."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_sampled_draft.py"
+    spec = importlib.util.spec_from_file_location("bench_sampled_draft", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "s.json"
+    assert mod.main(["--repeats", "2", "--vocab", "512", "--draft-vocab", "64", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["ms_by_drafts"]
+    assert set(rows) == {"1", "2", "4"} and all(r["mlx"] > 0 and r["numpy"] > 0 for r in rows.values())
+    with pytest.raises(SystemExit) as e:
+        mod.main(["--vocab", "10", "--draft-vocab", "20"])
+    assert e.value.code == 2
+
+
 def test_sampled_draft_probs_are_the_drafters_own(llama):
     cfg = eagle3_config(draft_vocab_size=48)
     d = Eagle3Drafter(random_eagle3(cfg, seed=7), cfg, llama)

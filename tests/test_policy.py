@@ -5,6 +5,8 @@ target's distribution (the TV-bound check of test_engine), and the policy's deci
 
 from __future__ import annotations
 
+import pickle
+
 import numpy as np
 import pytest
 
@@ -14,6 +16,7 @@ from mlxspec.engine.ngram import LookupBlockDrafter, NgramDrafter, NgramIndex
 from mlxspec.engine.policy import (AcceptanceEstimate, Calibration, ConfidenceCut, ConfidenceSchedule, FixedLength, Kind,
                                    Plan, PolicyMemory, Source, VerifyPolicy, best_length, choose_verify_length,
                                    expected_tokens, stopping_length, truncate_p_min)
+from mlxspec.engine.suffix import Match
 from mlxspec.engine.verify import SamplingParams
 
 from test_engine import (N_TOKENS, PROMPT, TINY_PROMPT, V, Oracle, distribution_check, exact_distribution,
@@ -169,6 +172,30 @@ def test_a_longer_lookup_match_starts_from_what_shorter_ones_learned():
     for _ in range(10):
         pol.observe(Source.lookup(8), 16, 0)
     assert pol.estimate(Source.lookup(8)).p()[0] < 0.2
+
+
+def test_matches_in_earlier_requests_keep_their_own_estimates():
+    """Suffix drafting's matches in the shared index over earlier requests (`Source.shared`)
+    start as trusted as the request's own and then learn apart: a workload whose requests share
+    only phrases (chat) stops paying for them without losing its own matches, and the other way
+    round; names round-trip ("lookup8s")."""
+    pol = VerifyPolicy([1.0 + 0.15 * i for i in range(17)], 16)
+    for _ in range(20):
+        pol.observe(Source.lookup(4), 8, 8)  # this request's own 4-token matches: right
+    own = pol.estimate(Source.LOOKUP).p()
+    fresh = pol.estimate(Source.lookup(0, shared=True)).p()
+    assert np.allclose(fresh, own)  # a first shared proposal is trusted as the own ones are
+    for _ in range(20):
+        pol.observe(Source.lookup(4, shared=True), 8, 0)  # other requests' 4-token matches: wrong
+    assert pol.estimate(Source.lookup(4, shared=True)).p()[0] < 0.2 < 0.9 < pol.estimate(Source.lookup(4)).p()[0]
+    assert np.allclose(pol.estimate(Source.LOOKUP).p(), own)  # the own pooled estimate did not move
+    assert pol.plan(8, lookup_len=8, match=Match(4, True), model_drafts=False).source.kind is Kind.NONE
+    assert pol.plan(8, lookup_len=8, match=4, model_drafts=False) == Plan(Source.lookup(4), 8)
+    # an unseen shared length starts from the shared ones', not the own ones'
+    assert pol.estimate(Source.lookup(8, shared=True)).p()[0] < 0.3
+    for name in ("lookup8s", "lookups", "lookup8", "lookup"):
+        assert str(Source.of(name)) == name and pickle.loads(pickle.dumps(Source.of(name))) == Source.of(name)
+    assert Source.of("lookup8s").shared and not Source.of("lookup8").shared
 
 
 def test_a_lookup_right_to_the_end_of_what_it_verified_is_tried_longer():

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from mlxspec.engine.policy import Source
 from mlxspec.engine.suffix import Matcher, SuffixIndex, SuffixLookup, match_bucket
 
 from test_engine import tiny  # noqa: F401  (a fixture)
@@ -246,6 +247,25 @@ def test_lookup_takes_the_better_scored_proposal():
     assert lk.propose(2, 8) == ([3, 4, 0, 1, 2, 3, 4, 0], 5)
     lk.reset([5, 3, 4, 0, 1])  # nothing here: the earlier answer drafts
     assert lk.propose(2, 8) == ([9, 9], 5)
+
+
+def test_a_proposal_says_whether_earlier_requests_made_it():
+    """The match length a suffix lookup hands the policy says where the match was found
+    (`Match.shared`), so the policy keeps apart estimates for the two (`Source.lookup`)."""
+    shared = SuffixIndex()
+    shared.open([3, 4, 0, 1, 2, 9, 9])
+    lk = SuffixLookup(shared, alpha=2.0, prompt_tail=0)
+    lk.reset([1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1])
+    toks, m = lk.propose(2, 8)
+    assert (m, m.shared, Source.lookup(m)) == (5, False, Source.lookup(5))
+    many, m = lk.propose_many(2, 8, 4)
+    assert many[0] == [3, 4, 0, 1, 2, 3, 4, 0] and not m.shared
+    lk.reset([5, 3, 4, 0, 1])
+    toks, m = lk.propose(2, 8)
+    assert (toks, m, m.shared) == ([9, 9], 5, True)
+    assert Source.lookup(m) == Source.lookup(5, shared=True) == Source.of("lookup5s") != Source.lookup(5)
+    many, m = lk.propose_many(2, 8, 4)
+    assert many == [[9, 9]] and m.shared
 
 
 def test_no_proposal_from_a_match_of_the_anchor_alone():
@@ -683,3 +703,22 @@ def test_lookup_heldout_models_each_run_on_the_profile(smollm2, tmp_path):
     with pytest.raises(SystemExit) as e:
         mod.main(["--temp", "3"])
     assert e.value.code == 2
+
+
+def test_agent_bench_modeled_repeats_to_the_digit(smollm2, tmp_path):
+    """scripts/agent_bench.py --modeled: the conversation priced on a committed profile, the
+    policy seeing those costs and not the clock, so two runs give the same figures."""
+    import json
+    from pathlib import Path
+
+    mod = _script("agent_bench")
+    prof = str(Path(__file__).resolve().parent.parent / "docs/bench/verify-profile-smollm2-avx512-2026-12-05.json")
+    reps = []
+    for i in range(2):
+        out = tmp_path / f"a{i}.json"
+        assert mod.main(["--turns", "2", "--max-tokens", "8", "--configs", "AR,default+suffix", "--modeled", prof,
+                         "--out", str(out)]) == 0
+        reps.append(json.loads(out.read_text())["configs"])
+    assert reps[0] == reps[1] and set(reps[0]) == {"default+suffix"}
+    row = reps[0]["default+suffix"]
+    assert len(row["turns"]) == 2 and row["overall_modeled_x_ar"] > 0 and all(t["tau"] >= 1 for t in row["turns"])

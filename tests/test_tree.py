@@ -183,6 +183,15 @@ def test_tree_acceptance_keeps_the_targets_distribution_and_catches_a_wrong_rule
     assert any(t > b for t, b in wrong.values()), wrong
 
 
+def first_child(tree, p_rows, rng):
+    """A deliberately wrong sampled tree rule: always walk to the first child, bonus from there."""
+    i, path = 0, [0]
+    while tree.nodes[i].kids:
+        i = tree.nodes[i].kids[0]
+        path.append(i)
+    return path, int(rng.choice(p_rows.shape[1], p=p_rows[i] / p_rows[i].sum()))
+
+
 @pytest.mark.parametrize("lookup", [False, True], ids=["dspark", "dspark+lookup"])
 def test_sampling_with_trees_is_lossless_through_the_engine(lookup, monkeypatch):
     """The engine's tree step at T=0.7/top-k 4 (a DSpark drafter over a reduced vocabulary, its
@@ -211,13 +220,6 @@ def test_sampling_with_trees_is_lossless_through_the_engine(lookup, monkeypatch)
     res = te.distribution_check(sample(1200, stats), exact)
     assert not {k: v for k, v in res.items() if v[0] > v[1]}, res
     assert max(stats.verify_lengths) == 6 and 0.05 < stats.accepted / stats.drafted < 0.9
-
-    def first_child(tree, p_rows, rng):
-        i, path = 0, [0]
-        while tree.nodes[i].kids:
-            i = tree.nodes[i].kids[0]
-            path.append(i)
-        return path, int(rng.choice(p_rows.shape[1], p=p_rows[i] / p_rows[i].sum()))
 
     monkeypatch.setattr(ts, "accept_sampled", first_child)
     wrong = te.distribution_check(sample(400), exact)

@@ -40,7 +40,7 @@ from mlxspec.targets.model import Target, target_head_rows, trim_cache
 @dataclass
 class DraftOutput:
     tokens: list  # target-vocabulary ids, len n
-    probs: mx.array | None  # [n, V_target] draft distributions (sampling only)
+    probs: mx.array | np.ndarray | None  # [n, V_target] draft distributions (sampling only; read with np.asarray)
     confidence: list | None  # per-position confidences (DSpark with confidence head)
     logits: mx.array | None = None  # [n, V_draft] Markov-corrected logits (debug/tests)
 

@@ -32,9 +32,9 @@ import mlx.core as mx
 import numpy as np
 
 from mlxspec.drafters.eagle3 import Eagle3Config, Eagle3Model, KVCache, causal_mask
-from mlxspec.engine.drafting import DraftOutput, scatter_draft
+from mlxspec.engine.drafting import DraftOutput
 from mlxspec.engine.tree import SIBLING_DECAY, DraftTree, top_candidates, top_weights
-from mlxspec.engine.verify import SamplingParams, probs_from_logits, sample_token
+from mlxspec.engine.verify import SamplingParams, sample_token, target_probs
 from mlxspec.targets.load import default_dense
 from mlxspec.targets.model import Target, target_head_rows
 
@@ -59,6 +59,7 @@ class Eagle3Drafter:
         self.sharpen = DRAFT_SHARPEN
         self.d2t = (mx.arange(cfg.draft_vocab_size, dtype=mx.int32) + model.d2t.astype(mx.int32)
                     if cfg.reduced_vocab else None)
+        self._d2t_np = None if self.d2t is None else np.asarray(self.d2t)
         self.head = model.lm_head.weight if cfg.has_lm_head else target_head_rows(target, self.d2t)
         self.embed = model.embed_tokens if cfg.has_embed else target.embed
         mx.eval(self.head)
@@ -164,9 +165,9 @@ class Eagle3Drafter:
             zs.append(z)
             if sp.greedy:
                 d = mx.argmax(z, axis=-1)
-            else:
-                q = probs_from_logits(z, sq)
-                d = mx.array([sample_token(np.asarray(q[0]), rng)])
+            else:  # drawn on the host from numpy's softmax, the distribution verification reads
+                q = target_probs(z, sq)
+                d = mx.array([sample_token(q[0], rng)])
                 qs.append(q)
             t = self.to_target(d)
             toks.append(t)
@@ -176,8 +177,16 @@ class Eagle3Drafter:
             c.truncate(base)
         tok_arr, z_all = mx.concatenate(toks), mx.concatenate(zs)
         mx.eval(tok_arr, z_all)
-        probs = scatter_draft(mx.concatenate(qs), self.d2t, self.target.info.vocab_size) if qs else None
+        probs = self._to_target_probs(np.concatenate(qs)) if qs else None
         return DraftOutput(tok_arr.tolist(), probs, None, z_all)
+
+    def _to_target_probs(self, q: np.ndarray) -> np.ndarray:
+        """Draft-vocabulary distributions [n, Vd] (numpy) -> the target's vocabulary [n, V]."""
+        if self._d2t_np is None:
+            return q
+        full = np.zeros((q.shape[0], self.target.info.vocab_size), np.float32)
+        full[:, self._d2t_np] = q
+        return full
 
 
     def draft_tree(self, tree: DraftTree, depth: int, width: int, sp: SamplingParams, rng: np.random.Generator,
@@ -195,7 +204,6 @@ class Eagle3Drafter:
         if depth <= 0 or self._last_h is None:
             return 0
         base = self.committed
-        V = self.target.info.vocab_size
         sq = self.proposal_sampling(sp)
         frontier = [(0, self._last_h[0, 0])]  # (tree node, its pre-norm output [H])
         rows: list[int] = []  # the tree node of each tentative drafter row, in cache order
@@ -204,12 +212,12 @@ class Eagle3Drafter:
             z = self.logits(mx.stack([h for _, h in frontier])[None])[0]  # [m, Vd]
             if sp.greedy:  # the best `width` of each row, found on the device
                 cand, qc = top_weights(z, width)
-            else:
-                q = probs_from_logits(z, sq)
-                cand = top_candidates(np.asarray(q.astype(mx.float32)), width, rng)
+            else:  # on the host, as the chain's draws (`draft`)
+                q = target_probs(z, sq)
+                cand = top_candidates(q, width, rng)
             tgt = np.asarray(self.to_target(mx.array(cand.astype(np.int32))))
             pd = float(p[min(d, len(p) - 1)])
-            qt = None if sp.greedy else np.asarray(scatter_draft(q, self.d2t, V))
+            qt = None if sp.greedy else self._to_target_probs(q)
             children = []
             for j, (node, _) in enumerate(frontier):
                 ps = tree.nodes[node].score

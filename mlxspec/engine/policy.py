@@ -31,10 +31,11 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Protocol, Sequence
 
 import numpy as np
+
+from mlxspec.engine.source import Kind, Source  # noqa: F401  (the policy's names for them)
 
 
 def expected_tokens(p: Sequence[float], l: int) -> float:
@@ -104,6 +105,7 @@ class AcceptanceEstimate:
         self.hit = np.zeros(self.size)
 
     def observe(self, verified: int, accepted: int) -> None:
+        accepted = min(accepted, verified)  # never more accepted than verified (a hit without a try)
         self.tried *= self.decay
         self.hit *= self.decay
         m = min(verified, accepted + 1, self.size)
@@ -157,46 +159,6 @@ class Calibration:
     def apply(self, conf: Sequence[float]) -> list[float]:
         k = (self.hit_sum + self.weight) / (self.conf_sum + self.weight)
         return [min(1.0, max(0.0, float(c) * k)) for c in conf]
-
-
-class Kind(Enum):
-    NONE = "none"  # an autoregressive step: nothing drafted
-    DRAFTER = "drafter"  # the drafter's own draft() (a model; for --spec-type ngram, its lookup)
-    LOOKUP = "lookup"  # prompt lookup beside a model drafter
-
-
-class Source(str):
-    """Who proposes a step's drafts: a `Kind`, and for a lookup the length of the n-gram that
-    matched (`match`; 0 = any length, the pooled estimate). Its text is the name reports and
-    older callers use ("none", "drafter", "lookup", "lookup3"); decisions read kind and match."""
-
-    def __new__(cls, kind: Kind, match: int = 0):
-        self = super().__new__(cls, f"lookup{match}" if kind is Kind.LOOKUP and match else kind.value)
-        self.kind, self.match = kind, int(match) if kind is Kind.LOOKUP else 0
-        return self
-
-    def __reduce__(self):
-        return Source, (self.kind, self.match)
-
-    @classmethod
-    def lookup(cls, match: int = 0) -> "Source":
-        return cls(Kind.LOOKUP, match)
-
-    @classmethod
-    def of(cls, name: "str | Source") -> "Source":
-        """A Source from its name ("drafter", "lookup3", ...)."""
-        if isinstance(name, Source):
-            return name
-        if name.startswith("lookup"):
-            return cls(Kind.LOOKUP, int(name[len("lookup"):] or 0))
-        return cls(Kind(name))
-
-    @property
-    def is_lookup(self) -> bool:
-        return self.kind is Kind.LOOKUP
-
-
-Source.NONE, Source.DRAFTER, Source.LOOKUP = Source(Kind.NONE), Source(Kind.DRAFTER), Source(Kind.LOOKUP)
 
 
 @dataclass
@@ -430,9 +392,15 @@ class VerifyPolicy:
             else:
                 self.est[source] = AcceptanceEstimate(self.max_drafts, decay=self.decay)
         e = self.est[source]
+        if source.is_lookup and source.shared and not source.match:
+            # proposals from earlier requests' text start as trusted as this request's own, and
+            # part from them as they are verified: they pay where requests repeat each other
+            # (an agent's turns, held-out code) and not where they share only phrases (chat)
+            e.prior_vec = self.estimate(Source.LOOKUP).p()
         if source.is_lookup and source.match:
-            prior = self.estimate(Source.LOOKUP).p()
-            shorter = [s for s, x in self.est.items() if s.is_lookup and 0 < s.match < source.match and x.tried[0] > 1e-3]
+            prior = self.estimate(source.pooled).p()
+            shorter = [s for s, x in self.est.items() if s.is_lookup and s.shared == source.shared
+                       and 0 < s.match < source.match and x.tried[0] > 1e-3]
             if shorter:
                 prior = np.maximum(prior, self.estimate(max(shorter, key=lambda s: s.match)).p())
             e.prior_vec = prior
@@ -521,7 +489,7 @@ class VerifyPolicy:
         if verified > 0:
             self.estimate(source).observe(verified, accepted)
             if source.is_lookup and source.match:
-                self.estimate(Source.LOOKUP).observe(verified, accepted)  # the pooled estimate
+                self.estimate(source.pooled).observe(verified, accepted)  # the pooled estimate
             if confidence is not None:
                 self.calib.setdefault(source, Calibration()).observe(confidence, verified, accepted)
         drafter = source.kind is Kind.DRAFTER

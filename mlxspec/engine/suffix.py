@@ -40,6 +40,19 @@ from collections import OrderedDict
 ROOT = 0
 
 
+class Match(int):
+    """A bucketed match length (`match_bucket`) that says whether it was found in the shared
+    index over earlier requests (`shared`) or in the request's own text: the policy keeps an
+    acceptance estimate for each (`engine.policy.Source.lookup`)."""
+
+    shared: bool
+
+    def __new__(cls, m: int, shared: bool = False):
+        self = super().__new__(cls, m)
+        self.shared = bool(shared)
+        return self
+
+
 def match_bucket(m: int) -> int:
     """The match length the policy keeps an acceptance estimate for (`Source.lookup(match)`):
     exact up to 4, then 5, 8, 16, 32 (a suffix match can be hundreds of tokens long)."""
@@ -453,10 +466,12 @@ class SuffixLookup:
                 v, l = self.matcher.where()
                 more, m2, _ = self.shared.propose_many(v, l, int(anchor), k, width, own=self.shared_doc,
                                                        min_match=self.shared_min_match)
-            if m2 > m:  # the longer match's continuations first
+            shared = m2 > m
+            if shared:  # the longer match's continuations first
                 outs, more, m = more, outs, m2
             outs += [c for c in more if c not in outs][: max(width - len(outs), 0)]
-        return outs, match_bucket(m) if outs else 0
+            return outs, Match(match_bucket(m), shared) if outs else 0
+        return outs, Match(match_bucket(m)) if outs else 0
 
     def propose(self, anchor: int, k: int) -> tuple[list[int], int]:
         """Up to k tokens to follow `anchor` -> (tokens, bucketed match length; 0 if none)."""
@@ -472,6 +487,7 @@ class SuffixLookup:
                 other = self.shared.propose(v, l, int(anchor), k, own=self.shared_doc,
                                             min_match=self.shared_min_match, **kw)
             if other[2] > best[2]:
-                best = other
+                toks, match, _ = other
+                return (toks, Match(match_bucket(match), True)) if toks else ([], 0)
         toks, match, _ = best
-        return (toks, match_bucket(match)) if toks else ([], 0)
+        return (toks, Match(match_bucket(match))) if toks else ([], 0)

@@ -63,9 +63,11 @@ def target_probs(logits, sp: SamplingParams) -> np.ndarray:
     0.4), so a softmax over a 49k vocabulary took 0.8 ms a row: 2% of a SmolLM2 decode step for
     every sampled token, and a sampled verify of 3 rows paid it three times. Every path that
     samples from the target uses this one (the loop, trees, both batched engines), so a sampled
-    step and an autoregressive one draw from the same numbers; drafts keep their own MLX
-    distributions, which verification reads as given (losslessness needs q to be what the draft
-    was drawn from, not the same code as p)."""
+    step and an autoregressive one draw from the same numbers. EAGLE-3's sampled chain draws
+    from it too (0.55 ms a draft with MLX's softmax and scatter, 0.11 with this, quiet, 2026-12-05:
+    `scripts/bench_sampled_draft.py`, docs/bench/sampled-draft-2026-12-05.json);
+    the other drafters keep their own MLX distributions. Verification reads a draft's q as given:
+    losslessness needs q to be what the draft was drawn from, not the same code as p."""
     x = np.array(logits.astype(mx.float32) if isinstance(logits, mx.array) else logits, dtype=np.float32)
     x /= np.float32(max(sp.temperature, 1e-6))
     v = x.shape[-1]
