@@ -330,15 +330,18 @@ def _replay(target, tok, users, a) -> int:
     return 0
 
 
+MODELED_DRAFT_MS = 1.45  # --modeled: the policy's drafting cost per EAGLE-3 draft (the AVX-512 host, 2026-12-05)
+
+
 def _modeled(target, tok, users, names, a) -> int:
     """--modeled: every configuration through the whole conversation with fixed costs (the
     profile's verify costs, 1.45 ms a draft for the policy; 1.1 ms a drafter forward and 0.45 a
     head in the price): modeled x AR per turn and overall, repeatable to the digit."""
     lh = _script_module("lookup_heldout")
     prof = lh.read_profile(a.modeled)
-    costs = {"verify_s": {L: 1.0 / v for L, v in prof.items()}, "fwd_s": 1.1e-3, "head_s": 0.45e-3}
+    costs = lh.model_costs(prof)
     t1, report, answers = costs["verify_s"][1], {}, None
-    with lh.fixed_costs(1.45, prof):
+    with lh.fixed_costs(MODELED_DRAFT_MS, prof):
         for name in names:
             spec, msgs, turns, tokens, seconds, outs = build(name, target), [], [], 0, 0.0, []
             for t, (text, fresh) in enumerate(users):
@@ -348,7 +351,7 @@ def _modeled(target, tok, users, names, a) -> int:
                     out, st = run_turn(target, tok, spec, _chat(tok, msgs), a.max_tokens)
                 m = lh.modeled(st, n, costs)
                 tokens += st.generated - 1
-                seconds += (st.generated - 1) * t1 / max(m["modeled_x_ar"], 1e-12)
+                seconds += m["modeled_s"]
                 turns.append({"turn": t + 1, "modeled_x_ar": m["modeled_x_ar"], "tau": round(st.tau, 3)})
                 outs.append(out)
                 answer = answers[t] if answers else tok.decode([x for x in out if x not in api._eos_ids(tok)])

@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     import mlxspec  # noqa: F401  (OpenBLAS before MLX)
     import mlx.core as mx
 
-    from mlxspec.engine.drafting import scatter_draft
+    from mlxspec.engine.drafting import scatter_draft, scatter_draft_host
     from mlxspec.engine.verify import SamplingParams, probs_from_logits, sample_token, target_probs
 
     rng = np.random.default_rng(0)
@@ -54,9 +54,7 @@ def main(argv=None) -> int:
             q = target_probs(zs[k], sp)
             mx.array([sample_token(q[0], rng)])
             qs.append(q)
-        full = np.zeros((n, a.vocab), np.float32)
-        full[:, d2t_np] = np.concatenate(qs)
-        return full
+        return scatter_draft_host(np.concatenate(qs), d2t_np, a.vocab)
 
     rows = {}
     for n in (1, 2, 4):

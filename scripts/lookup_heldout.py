@@ -43,6 +43,9 @@ CONFIGS = {"default": dict(), "default+suffix": dict(lookup="suffix"),
            "eagle3": dict(ngram=False), "ar": dict(draft="none"),
            "default+tree": dict(tree="auto"), "eagle3+tree": dict(ngram=False, tree="auto"), "dspark-alone": dict(draft=DSPARK, ngram=False)}
 CATEGORIES = ("code", "prose", "chat")
+# the modeled price of one EAGLE-3 drafter forward and one head (ms), measured on the AVX-512 host
+# (2026-12-05, docs/policy.md); the policy's own draft cost is --draft-ms
+FWD_MS, HEAD_MS = 1.1, 0.45
 
 
 def read_profile(path: str) -> dict[int, float]:
@@ -103,9 +106,9 @@ def main(argv=None) -> int:
                     help="--fixed-costs: drafting cost per drafter forward (ms; EAGLE-3: per drafted token, a block drafter: per block)")
     ap.add_argument("--profile", default=None,
                     help="--fixed-costs: a verify profile file (length -> steps/second) in place of the machine's")
-    ap.add_argument("--fwd-ms", type=float, default=1.1,
+    ap.add_argument("--fwd-ms", type=float, default=FWD_MS,
                     help="--fixed-costs: modeled cost of one drafter forward (ms; EAGLE-3 on the AVX-512 host: 1.0-1.3)")
-    ap.add_argument("--head-ms", type=float, default=0.45,
+    ap.add_argument("--head-ms", type=float, default=HEAD_MS,
                     help="--fixed-costs: modeled cost of one drafter head over its draft vocabulary (ms)")
     ap.add_argument("--temp", type=float, default=0.0,
                     help="sampling temperature (0: greedy; above it each prompt is drawn with seed = its index, the "
@@ -134,9 +137,10 @@ def main(argv=None) -> int:
     profile = read_profile(a.profile) if a.profile else None
     a.costs = None
     if a.fixed_costs:
-        sps = profile or api.profile_for(target, _Longest())
-        a.costs = {"verify_s": {int(L): 1.0 / float(v) for L, v in sps.items()}, "fwd_s": a.fwd_ms / 1e3,
-                   "head_s": a.head_ms / 1e3}
+        from mlxspec.engine.ngram import LOOKUP_MAX
+        from mlxspec.engine.profile import verify_profile
+
+        a.costs = model_costs(profile or verify_profile(target, LOOKUP_MAX + 1), a.fwd_ms, a.head_ms)
     with fixed_costs(a.draft_ms if a.fixed_costs else None, profile):
         rows, outs = run(api, target, tok, names, a)
     same = a.temp > 0 or all(len({json.dumps(o) for o in by.values()}) == 1 for by in outs.values())
@@ -152,12 +156,6 @@ def main(argv=None) -> int:
     else:
         print(text)
     return 0 if same else 1
-
-
-class _Longest:
-    """What `api.profile_for` needs of a drafter to profile every verify length up to 17."""
-
-    max_drafts = 16
 
 
 @contextlib.contextmanager
@@ -184,13 +182,19 @@ def counting():
         Eagle3Model.__call__, Eagle3Drafter.logits = call, logits
 
 
+def model_costs(sps: dict[int, float], fwd_ms: float = FWD_MS, head_ms: float = HEAD_MS) -> dict:
+    """What `modeled` prices a run with: a profile (steps/second per verify length), the drafter's
+    forward and head in ms."""
+    return {"verify_s": {int(L): 1.0 / float(v) for L, v in sps.items()}, "fwd_s": fwd_ms / 1e3, "head_s": head_ms / 1e3}
+
+
 def modeled(stats, n: dict, costs: dict) -> dict:
     """Modeled seconds of a run's steps (module docstring) and x AR on that model."""
     vs = costs["verify_s"]
     verify = sum(vs[min(L, max(vs))] for L in stats.verify_lengths)
     draft = n["fwd"] * costs["fwd_s"] + n["head"] * costs["head_s"]
     tokens = max(stats.generated - 1, 0)
-    return {"modeled_x_ar": round(tokens * vs[1] / max(verify + draft, 1e-12), 4),
+    return {"modeled_x_ar": round(tokens * vs[1] / max(verify + draft, 1e-12), 4), "modeled_s": verify + draft,
             "modeled_draft_share": round(draft / max(verify + draft, 1e-12), 4),
             "drafter_forwards": n["fwd"], "drafter_heads": n["head"]}
 

@@ -552,12 +552,9 @@ def test_sampled_trees_are_lossless_and_the_check_catches_a_wrong_rule(monkeypat
 def test_sampled_draft_bench_script_runs(tmp_path):
     """scripts/bench_sampled_draft.py (the sampled drafts' host cost, docs/bench): both ways
     timed, written as JSON; a draft vocabulary larger than the target's is argparse's exit 2."""
-    import importlib.util
+    from test_suffix import _script
 
-    path = Path(__file__).resolve().parent.parent / "scripts" / "bench_sampled_draft.py"
-    spec = importlib.util.spec_from_file_location("bench_sampled_draft", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _script("bench_sampled_draft")
     out = tmp_path / "s.json"
     assert mod.main(["--repeats", "2", "--vocab", "512", "--draft-vocab", "64", "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["ms_by_drafts"]

@@ -689,6 +689,7 @@ def test_lookup_heldout_models_each_run_on_the_profile(smollm2, tmp_path):
     got = mod.modeled(st, {"fwd": 4, "head": 2}, costs)  # a 5-row verify is priced as the longest, 3
     assert got["modeled_x_ar"] == round(8 * 0.04 / (0.04 + 0.05 + 0.044 + 0.05 + 0.005), 4)
     assert got["modeled_draft_share"] == round(0.005 / 0.189, 4) and got["drafter_forwards"] == 4
+    assert got["modeled_s"] == pytest.approx(0.189)
 
     call, logits = Eagle3Model.__call__, Eagle3Drafter.logits
     out = tmp_path / "m.json"

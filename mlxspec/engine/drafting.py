@@ -350,6 +350,15 @@ class BlockDrafter:
         return scatter_draft(q_d, self.d2t, self.target.info.vocab_size)
 
 
+def scatter_draft_host(q_d: np.ndarray, d2t: np.ndarray | None, vocab_size: int) -> np.ndarray:
+    """`scatter_draft` on the host, for distributions computed by numpy (EAGLE-3's sampled drafts)."""
+    if d2t is None:
+        return q_d
+    out = np.zeros((q_d.shape[0], vocab_size), np.float32)
+    out[:, d2t] = q_d
+    return out
+
+
 def scatter_draft(q_d: mx.array, d2t: mx.array | None, vocab_size: int) -> mx.array:
     """Draft-vocabulary distributions [n, Vd] -> target vocabulary [n, V] (d2t: the target id of
     each draft id; None: the draft vocabulary is the target's)."""

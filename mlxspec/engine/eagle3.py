@@ -32,7 +32,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxspec.drafters.eagle3 import Eagle3Config, Eagle3Model, KVCache, causal_mask
-from mlxspec.engine.drafting import DraftOutput
+from mlxspec.engine.drafting import DraftOutput, scatter_draft_host
 from mlxspec.engine.tree import SIBLING_DECAY, DraftTree, top_candidates, top_weights
 from mlxspec.engine.verify import SamplingParams, sample_token, target_probs
 from mlxspec.targets.load import default_dense
@@ -177,16 +177,8 @@ class Eagle3Drafter:
             c.truncate(base)
         tok_arr, z_all = mx.concatenate(toks), mx.concatenate(zs)
         mx.eval(tok_arr, z_all)
-        probs = self._to_target_probs(np.concatenate(qs)) if qs else None
+        probs = scatter_draft_host(np.concatenate(qs), self._d2t_np, self.target.info.vocab_size) if qs else None
         return DraftOutput(tok_arr.tolist(), probs, None, z_all)
-
-    def _to_target_probs(self, q: np.ndarray) -> np.ndarray:
-        """Draft-vocabulary distributions [n, Vd] (numpy) -> the target's vocabulary [n, V]."""
-        if self._d2t_np is None:
-            return q
-        full = np.zeros((q.shape[0], self.target.info.vocab_size), np.float32)
-        full[:, self._d2t_np] = q
-        return full
 
 
     def draft_tree(self, tree: DraftTree, depth: int, width: int, sp: SamplingParams, rng: np.random.Generator,
@@ -217,7 +209,7 @@ class Eagle3Drafter:
                 cand = top_candidates(q, width, rng)
             tgt = np.asarray(self.to_target(mx.array(cand.astype(np.int32))))
             pd = float(p[min(d, len(p) - 1)])
-            qt = None if sp.greedy else self._to_target_probs(q)
+            qt = None if sp.greedy else scatter_draft_host(q, self._d2t_np, self.target.info.vocab_size)
             children = []
             for j, (node, _) in enumerate(frontier):
                 ps = tree.nodes[node].score

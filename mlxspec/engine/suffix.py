@@ -461,6 +461,7 @@ class SuffixLookup:
         loc = self.local
         outs, m, _ = loc.propose_many(loc.last[self.doc], len(loc.docs[self.doc]), int(anchor), k, width, own=self.doc,
                                       min_match=self.min_match)
+        shared = False
         if self.shared is not None:
             with self.shared.lock:
                 v, l = self.matcher.where()
@@ -470,8 +471,7 @@ class SuffixLookup:
             if shared:  # the longer match's continuations first
                 outs, more, m = more, outs, m2
             outs += [c for c in more if c not in outs][: max(width - len(outs), 0)]
-            return outs, Match(match_bucket(m), shared) if outs else 0
-        return outs, Match(match_bucket(m)) if outs else 0
+        return outs, Match(match_bucket(m), shared) if outs else 0
 
     def propose(self, anchor: int, k: int) -> tuple[list[int], int]:
         """Up to k tokens to follow `anchor` -> (tokens, bucketed match length; 0 if none)."""
@@ -481,13 +481,14 @@ class SuffixLookup:
         loc = self.local
         best = loc.propose(loc.last[self.doc], len(loc.docs[self.doc]), int(anchor), k, own=self.doc,
                            min_match=self.min_match, **kw)
+        shared = False
         if self.shared is not None:
             with self.shared.lock:  # no rebuild between finding the match and reading it
                 v, l = self.matcher.where()
                 other = self.shared.propose(v, l, int(anchor), k, own=self.shared_doc,
                                             min_match=self.shared_min_match, **kw)
-            if other[2] > best[2]:
-                toks, match, _ = other
-                return (toks, Match(match_bucket(match), True)) if toks else ([], 0)
+            shared = other[2] > best[2]
+            if shared:
+                best = other
         toks, match, _ = best
-        return (toks, Match(match_bucket(match))) if toks else ([], 0)
+        return (toks, Match(match_bucket(match), shared)) if toks else ([], 0)
