@@ -116,7 +116,7 @@ def propose_many(index, anchor: int, k: int, width: int) -> tuple[list[list[int]
 def lookup_output(tokens: list[int], sp, vocab_size: int) -> DraftOutput:
     """A deterministic proposal as a draft: under sampling its draft distributions are
     one-hot rows (what sampled verification needs), kept on the host where verification reads
-    them (a copy into MLX and back cost ~1 ms for 16 rows of 49,152 here)."""
+    them (a copy into MLX and back: 0.33 ms against 0.12 for 16 rows of 49,152, 2026-12-05)."""
     if sp.greedy or not tokens:
         return DraftOutput(tokens, None, None)
     q = np.zeros((len(tokens), vocab_size), np.float32)
