@@ -61,27 +61,31 @@ def _cpu_flags() -> str:
         return ""
 
 
-def build(out_dir: Path | None = None, cc: str | None = None) -> Path | None:
-    """The compiled library (built once per source and CPU), or None (no compiler, or
-    it failed: `_STATE["why"]`)."""
+def build(out_dir: Path | None = None, cc: str | None = None, source: Path = SOURCE,
+          flags: tuple = ("-pthread",), libs: tuple = ("-ldl",), state: dict | None = None) -> Path | None:
+    """The compiled library of `source` (built once per source and CPU, `cc -O3 -march=native`
+    plus `flags`), or None (no compiler, or it failed: `state["why"]`, this module's state by
+    default). Also builds `cpu/softmax.c` (`mlxspec.targets.attention`)."""
     from mlxspec.cache import cache_dir
 
+    state = _STATE if state is None else state
     cc = cc or os.environ.get("CC") or "cc"
-    key = hashlib.sha1(SOURCE.read_bytes() + _cpu_flags().encode() + platform.machine().encode()).hexdigest()[:16]
+    key = hashlib.sha1(source.read_bytes() + " ".join(flags).encode() + _cpu_flags().encode()
+                       + platform.machine().encode()).hexdigest()[:16]
     out_dir = Path(out_dir) if out_dir else cache_dir() / "native"
-    lib = out_dir / f"small_gemm-{key}.so"
+    lib = out_dir / f"{source.stem}-{key}.so"
     if lib.exists():
         return lib
     tmp = lib.with_name(f"{lib.stem}.{os.getpid()}.tmp.so")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        r = subprocess.run([cc, "-O3", "-march=native", "-shared", "-fPIC", "-pthread", "-o", str(tmp), str(SOURCE), "-ldl"],
+        r = subprocess.run([cc, "-O3", "-march=native", "-shared", "-fPIC", *flags, "-o", str(tmp), str(source), *libs],
                            capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.SubprocessError) as e:
-        _STATE["why"] = f"cannot build it ({cc}: {e})"
+        state["why"] = f"cannot build it ({cc}: {e})"
         return None
     if r.returncode != 0:
-        _STATE["why"] = f"{cc} failed: {(r.stderr or r.stdout).strip().splitlines()[-1:] or ['?']}"
+        state["why"] = f"{cc} failed: {(r.stderr or r.stdout).strip().splitlines()[-1:] or ['?']}"
         tmp.unlink(missing_ok=True)
         return None
     os.replace(tmp, lib)

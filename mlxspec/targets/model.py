@@ -28,6 +28,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlxspec.blas import govern
 from mlxspec.errors import MlxspecError
+from mlxspec.targets import attention
 from mlxspec.targets.lowbit_linear import NativeLowBitLinear
 from mlxspec.targets.rollback import REPLAY_MAX, TargetCache, cache_kind, slice_rows
 
@@ -233,7 +234,8 @@ class Target:
         taps = tuple(taps)
         govern()  # OpenBLAS's thread count follows the host's load (mlxspec.blas.ThreadGovernor)
         if logits == "none":
-            _, tap_out = self._run(lambda: self.inner(tokens, cache=cache), tokens, cache, taps, logits)
+            with attention.installed():
+                _, tap_out = self._run(lambda: self.inner(tokens, cache=cache), tokens, cache, taps, logits)
             return None, tap_out
         tf = None
         if tree is not None:
@@ -242,7 +244,8 @@ class Target:
             tf = TreeForward(tree)
             if tf.n != tokens.shape[1]:
                 raise ValueError(f"a tree of {tf.n} nodes for {tokens.shape[1]} tokens")
-        out, tap_out = self._run(lambda: self.model(tokens, cache=cache), tokens, cache, taps, logits, tf)
+        with attention.installed():  # the attention softmax on the host, bit for bit MLX's
+            out, tap_out = self._run(lambda: self.model(tokens, cache=cache), tokens, cache, taps, logits, tf)
         if logits == "last" and out.shape[1] != 1:
             out = out[:, -1:]
         return out, tap_out

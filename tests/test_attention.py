@@ -1,0 +1,128 @@
+"""The attention softmax on the host (mlxspec.targets.attention, mlxspec/cpu/softmax.c): the
+numbers MLX's own softmax gives, bit for bit, in every target forward it takes part in, and a
+check that notices when they are not."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from test_targets import PROMPT
+from test_tree_forward import PARENTS, TOKENS
+from tiny_targets import ARCHS, tiny_target
+
+from mlxspec import cpu_gemm
+from mlxspec.targets import attention
+from mlxspec.targets.model import trim_cache
+from mlxspec.targets.tree import tree_support
+
+LOWEST = np.finfo(np.float32).min
+
+
+def mlx_softmax(x: np.ndarray, q_rows: int, causal: int) -> np.ndarray:
+    """What MLX's attention fallback computes: where(mask, x, lowest), then softmax."""
+    a = mx.array(x)
+    if causal >= 0:
+        rows = np.arange(x.shape[0]) % q_rows
+        keep = (rows[:, None] + causal) >= np.arange(x.shape[1])[None]
+        a = mx.where(mx.array(keep), a, mx.array(LOWEST, mx.float32))
+    return np.array(mx.softmax(a, axis=-1, precise=True))
+
+
+def test_it_is_on_here():
+    assert attention.usable(), attention.status()
+    assert attention.status().startswith("host attention softmax: on (16 lanes"), attention.status()
+
+
+def test_softmax_rows_equal_mlx_bit_for_bit():
+    rng = np.random.default_rng(1)
+    for trial in range(200):
+        rows, n = int(rng.integers(1, 30)), int(rng.integers(1, 600))  # tails of every length
+        x = (rng.standard_normal((rows, n)) * rng.choice([0.01, 1.0, 8.0, 60.0])).astype(np.float32)
+        if trial % 5 == 0:
+            x[rng.random(x.shape) < 0.1] = -np.inf  # an additive mask's -inf
+            x[:, 0] = 0.0
+        q_rows = int(rng.integers(1, rows + 1))
+        causal = -1 if trial % 2 else int(rng.integers(0, max(n - q_rows, 0) + 1))
+        want = mlx_softmax(x, q_rows, causal)
+        got = attention.softmax_rows(x.copy(), q_rows, causal)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (rows, n, causal)
+
+
+def test_the_check_notices_a_softmax_that_sums_in_another_order(tmp_path, monkeypatch):
+    """A normalizer summed in four lanes (what a compiler's reassociation would do) is within
+    1e-7 of MLX's and not equal to it: the check must refuse it, with the reason."""
+    src = attention.SOURCE.read_text()
+    line = "for (j = 0; j < n; j++) s = s + x[j];  /* left to right, as MLX sums */"
+    assert line in src
+    four = ("float s4[4] = {0, 0, 0, 0}; for (j = 0; j < n; j++) s4[j % 4] += x[j]; "
+            "s = (s4[0] + s4[1]) + (s4[2] + s4[3]);")
+    mutant = tmp_path / "softmax.c"
+    mutant.write_text(src.replace(line, four))
+    state: dict = {}
+    path = cpu_gemm.build(out_dir=tmp_path, source=mutant, flags=("-ffp-contract=off",), libs=("-lm",), state=state)
+    assert path is not None, state
+    monkeypatch.setattr(attention, "SOURCE", mutant)
+    monkeypatch.setattr(attention, "_STATE", {})
+    monkeypatch.setattr(cpu_gemm, "build", lambda **kw: path)
+    assert not attention.check()
+    assert not attention.usable()
+    assert "differs from this MLX's" in attention.status(), attention.status()
+    with attention.installed():  # refused: mx.fast is left alone
+        assert mx.fast.scaled_dot_product_attention is attention._ORIGINAL
+
+
+def _forwards(target, on: bool, monkeypatch):
+    """Prompt prefill, a 9-token chain, the same 9 tokens one at a time, and a tree: logits."""
+    monkeypatch.setitem(attention._STATE, "ok", on)
+    cache = target.make_cache()
+    pre, _ = target(mx.array([PROMPT]), cache, logits="all")
+    chain = TOKENS[:9]
+    lc, taps = target(mx.array([chain]), cache, taps=(1,))
+    trim_cache(cache, len(chain))
+    steps = [np.array(target(mx.array([[t]]), cache)[0][0, -1]) for t in chain]
+    trim_cache(cache, len(chain))
+    out = [np.array(pre), np.array(lc), np.array(taps), np.stack(steps)]
+    if tree_support(target) is None:
+        lt, _ = target(mx.array([TOKENS]), cache, tree=PARENTS)
+        out.append(np.array(lt))
+    return out
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_target_forwards_are_the_same_bits_with_it(arch, monkeypatch):
+    """Every tiny architecture: prefill, chain, one-token steps and tree logits equal with the
+    host softmax and without it (every call taken by it here: no lower bound on its size), and
+    it was used wherever the model's attention goes through mx.fast (gpt_oss's sinks do not)."""
+    assert attention.check()
+    monkeypatch.setattr(attention, "MIN_ELEMENTS", 0)
+    calls = []
+    real = attention.softmax_rows
+    monkeypatch.setattr(attention, "softmax_rows", lambda *a: calls.append(a[0].shape) or real(*a))
+    target = tiny_target(arch)
+    off = _forwards(target, False, monkeypatch)
+    assert not calls
+    on = _forwards(target, True, monkeypatch)
+    for a, b in zip(off, on):
+        assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), arch
+    assert (len(calls) > 0) == (arch != "gpt_oss"), (arch, len(calls))
+
+
+def test_smollm2_verify_rows_equal_decode_steps_and_mlx(smollm2, monkeypatch):
+    """The real target at a context of 300: a 9-row verify (where the host softmax takes over by
+    the default size rule) gives the logits of MLX's attention, and each row equals the one-token
+    decode step of the same token, bit for bit."""
+    target, _ = smollm2
+    ids = list(range(100, 400))
+    nxt = [5, 77, 901, 13, 4444, 21, 8, 99, 1000]
+    assert attention._eligible(mx.zeros((1, 9, 9, 64)), mx.zeros((1, 3, 309, 64)), mx.zeros((1, 3, 309, 64)), "causal", None)
+    got = {}
+    assert attention.check()
+    for on in (False, True):
+        monkeypatch.setitem(attention._STATE, "ok", on)
+        cache = target.make_cache()
+        target(mx.array([ids]), cache, logits="last")
+        lg, _ = target(mx.array([nxt]), cache)
+        trim_cache(cache, len(nxt))
+        steps = [np.array(target(mx.array([[t]]), cache)[0][0, -1]) for t in nxt]
+        got[on] = (np.array(lg[0]), np.stack(steps))
+    assert np.array_equal(got[True][0], got[False][0])
+    assert np.array_equal(got[True][0], got[True][1])
