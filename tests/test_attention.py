@@ -126,3 +126,17 @@ def test_smollm2_verify_rows_equal_decode_steps_and_mlx(smollm2, monkeypatch):
         got[on] = (np.array(lg[0]), np.stack(steps))
     assert np.array_equal(got[True][0], got[False][0])
     assert np.array_equal(got[True][0], got[True][1])
+
+
+def test_the_switch_turns_it_off_and_says_so():
+    import os
+    import subprocess
+    import sys
+
+    code = ("import mlxspec\nfrom mlxspec.targets import attention\nimport mlx.core as mx\n"
+            "with attention.installed():\n    assert mx.fast.scaled_dot_product_attention is attention._ORIGINAL\n"
+            "print(attention.status())")
+    env = dict(os.environ, MLXSPEC_HOST_SOFTMAX="0")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "host attention softmax: off (MLXSPEC_HOST_SOFTMAX=0)"

@@ -17,7 +17,7 @@ tests/test_attention.py checks on real forwards. Anything the check does not cov
 dtype, attention sinks, a GPU) goes to `mx.fast` unchanged.
 
 `Target.__call__` installs it for the duration of a forward (`installed()`), never around
-`forward_hidden` (training: no host round trip inside a traced function). MLXSPEC_FAST_SOFTMAX=0
+`forward_hidden` (training: no host round trip inside a traced function). MLXSPEC_HOST_SOFTMAX=0
 turns it off; `status()` says whether it is on and why not.
 """
 
@@ -25,18 +25,17 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import os
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 
-ENV = "MLXSPEC_FAST_SOFTMAX"
 SOURCE = Path(__file__).resolve().parents[1] / "cpu" / "softmax.c"
 # scores per call (heads x query rows x keys) from which the host softmax is used: below, the
-# evaluation it waits for costs about what it saves (SmolLM2, measured by scripts/attention_rows.py:
-# at a context of 300, 2-5 rows 1-2 ms slower, 9 rows 11-13 ms faster; at 1,000, 2 rows level, 3 rows 14 ms faster)
-MIN_ELEMENTS = 20_000
+# evaluation it waits for (~60 us a layer) costs about what it saves (SmolLM2, 10 interleaved
+# rounds: at a context of 180, 4 rows (6,600 scores) 4 ms slower, 5 rows (8,300) 3.5 ms faster,
+# 9 rows (15,300) 8 ms faster; at 300, 4 rows (10,900) 2.6 ms faster)
+MIN_ELEMENTS = 10_000
 MAX_ELEMENTS = 1 << 24  # above, MLX keeps them (a host copy of 64 MB and one back)
 _STATE: dict = {}  # "lib", "ok": the check passed, "why": why it is not used
 _ORIGINAL = mx.fast.scaled_dot_product_attention
@@ -45,10 +44,10 @@ _ORIGINAL = mx.fast.scaled_dot_product_attention
 def _lib():
     if "lib" in _STATE or "why" in _STATE:
         return _STATE.get("lib")
-    from mlxspec import cpu_gemm
+    from mlxspec import cpu_gemm, device
 
-    if os.environ.get(ENV, "1") == "0":
-        _STATE["why"] = f"off ({ENV}=0)"
+    if not device.host_softmax_enabled():
+        _STATE["why"] = f"{device.HOST_SOFTMAX_ENV}=0"
         return None
     path = cpu_gemm.build(source=SOURCE, flags=("-ffp-contract=off",), libs=("-lm",), state=_STATE)
     if path is None:
