@@ -15,6 +15,8 @@ from mlxspec.targets.model import trim_cache
 from mlxspec.targets.tree import tree_support
 
 LOWEST = np.finfo(np.float32).min
+FLAGS = set(cpu_gemm._cpu_flags().split())
+NATIVE_LANES = 16 if "avx512f" in FLAGS else 8 if {"avx2", "fma"} <= FLAGS else 1
 
 
 def mlx_softmax(x: np.ndarray, q_rows: int, causal: int) -> np.ndarray:
@@ -29,10 +31,36 @@ def mlx_softmax(x: np.ndarray, q_rows: int, causal: int) -> np.ndarray:
 
 def test_it_is_on_here():
     assert attention.usable(), attention.status()
-    assert attention.status().startswith("host attention softmax: on (16 lanes"), attention.status()
+    assert attention.status().startswith(f"host attention softmax: on ({NATIVE_LANES} lanes"), attention.status()
 
 
-def test_softmax_rows_equal_mlx_bit_for_bit():
+BUILDS = {"native": (), "scalar": ("-mno-avx",)}
+if NATIVE_LANES == 16:
+    BUILDS["avx2"] = ("-mno-avx512f",)  # the path an AVX2-only CPU builds, run here
+
+
+@pytest.fixture(scope="module")
+def builds(tmp_path_factory):
+    """The library as this CPU builds it, and its AVX2 and scalar paths (what an AVX2-only EPYC
+    or another CPU would run): name -> (CDLL, lanes)."""
+    import ctypes
+
+    out = {}
+    for name, extra in BUILDS.items():
+        state: dict = {}
+        path = cpu_gemm.build(out_dir=tmp_path_factory.mktemp(name), source=attention.SOURCE,
+                              flags=("-ffp-contract=off", *extra), libs=("-lm",), state=state)
+        assert path is not None, (name, state)
+        lib = ctypes.CDLL(str(path))
+        lib.mlxspec_softmax_rows.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_long]
+        out[name] = (lib, int(lib.mlxspec_softmax_lanes()))
+    return out
+
+
+@pytest.mark.parametrize("build", list(BUILDS))
+def test_softmax_rows_equal_mlx_bit_for_bit(builds, build):
+    lib, lanes = builds[build]
+    assert lanes == {"native": NATIVE_LANES, "avx2": 8, "scalar": 1}[build]
     rng = np.random.default_rng(1)
     for trial in range(200):
         rows, n = int(rng.integers(1, 30)), int(rng.integers(1, 600))  # tails of every length
@@ -43,7 +71,8 @@ def test_softmax_rows_equal_mlx_bit_for_bit():
         q_rows = int(rng.integers(1, rows + 1))
         causal = -1 if trial % 2 else int(rng.integers(0, max(n - q_rows, 0) + 1))
         want = mlx_softmax(x, q_rows, causal)
-        got = attention.softmax_rows(x.copy(), q_rows, causal)
+        got = np.ascontiguousarray(x.copy())
+        lib.mlxspec_softmax_rows(got.ctypes.data, rows, n, q_rows, causal)
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (rows, n, causal)
 
 

@@ -29,17 +29,23 @@
 #include <immintrin.h>
 #endif
 
+/* MLX's polynomial for 2^f on [-0.5, 0.5], by fused multiply-adds from the highest term */
+#define POLY(p, f, FMA, SET1)                                 \
+    do {                                                      \
+        p = SET1(1.535336188319500e-4f);                      \
+        p = FMA(p, f, SET1(1.339887440266574e-3f));           \
+        p = FMA(p, f, SET1(9.618437357674640e-3f));           \
+        p = FMA(p, f, SET1(5.550332471162809e-2f));           \
+        p = FMA(p, f, SET1(2.402264791363012e-1f));           \
+        p = FMA(p, f, SET1(6.931472028550421e-1f));           \
+        p = FMA(p, f, SET1(1.000000000000000f));              \
+    } while (0)
+
 static inline float exp1(float x_init) {
     float x = x_init * 1.442695f;
     float ipart = (float)floor((double)x + 0.5);
     float fpart = x - ipart;
-    x = 1.535336188319500e-4f;
-    x = fmaf(x, fpart, 1.339887440266574e-3f);
-    x = fmaf(x, fpart, 9.618437357674640e-3f);
-    x = fmaf(x, fpart, 5.550332471162809e-2f);
-    x = fmaf(x, fpart, 2.402264791363012e-1f);
-    x = fmaf(x, fpart, 6.931472028550421e-1f);
-    x = fmaf(x, fpart, 1.000000000000000f);
+    POLY(x, fpart, fmaf, (float));
     if (x_init != x_init) return x_init;
     if (x_init > 88.0f) return INFINITY;
     if (x_init < -88.0f) return 0.0f;
@@ -61,13 +67,8 @@ static inline __m512 expv(__m512 xi) {
     __m512 ipart = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(_mm512_cvtpd_ps(lo))),
                                                        _mm256_castps_pd(_mm512_cvtpd_ps(hi)), 1));
     __m512 f = _mm512_sub_ps(x, ipart);
-    __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    __m512 p;
+    POLY(p, f, _mm512_fmadd_ps, _mm512_set1_ps);
     __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(ipart), _mm512_set1_epi32(127)), 23);
     __m512 r = _mm512_mul_ps(_mm512_castsi512_ps(e), p);
     r = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(xi, xi, _CMP_UNORD_Q), r, xi);
@@ -92,13 +93,8 @@ static inline __m256 expv(__m256 xi) {
     __m256d hi = _mm256_floor_pd(_mm256_add_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(x, 1)), half));
     __m256 ipart = _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(lo)), _mm256_cvtpd_ps(hi), 1);
     __m256 f = _mm256_sub_ps(x, ipart);
-    __m256 p = _mm256_set1_ps(1.535336188319500e-4f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437357674640e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332471162809e-2f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256 p;
+    POLY(p, f, _mm256_fmadd_ps, _mm256_set1_ps);
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(ipart), _mm256_set1_epi32(127)), 23);
     __m256 r = _mm256_mul_ps(_mm256_castsi256_ps(e), p);
     r = _mm256_blendv_ps(r, xi, _mm256_cmp_ps(xi, xi, _CMP_UNORD_Q));

@@ -161,9 +161,11 @@ def usable() -> bool:
 
 
 @contextlib.contextmanager
-def installed():
-    """`mx.fast.scaled_dot_product_attention` is `exact_sdpa` inside (where `usable()`)."""
-    if not usable() or mx.fast.scaled_dot_product_attention is exact_sdpa:
+def installed(rows: int = 2, keys: int = 0):
+    """`mx.fast.scaled_dot_product_attention` is `exact_sdpa` inside (where `usable()`), for a
+    forward of `rows` query rows over `keys` keys: not for one row under 1,024 keys, which no
+    head count takes over the size rule, so a decode step pays no call of ours per layer."""
+    if (rows < 2 and keys < 1024) or not usable() or mx.fast.scaled_dot_product_attention is exact_sdpa:
         yield
         return
     mx.fast.scaled_dot_product_attention = exact_sdpa

@@ -234,7 +234,7 @@ class Target:
         taps = tuple(taps)
         govern()  # OpenBLAS's thread count follows the host's load (mlxspec.blas.ThreadGovernor)
         if logits == "none":
-            with attention.installed():
+            with attention.installed(tokens.shape[1], tokens.shape[1] + _context(cache)):
                 _, tap_out = self._run(lambda: self.inner(tokens, cache=cache), tokens, cache, taps, logits)
             return None, tap_out
         tf = None
@@ -244,7 +244,8 @@ class Target:
             tf = TreeForward(tree)
             if tf.n != tokens.shape[1]:
                 raise ValueError(f"a tree of {tf.n} nodes for {tokens.shape[1]} tokens")
-        with attention.installed():  # the attention softmax on the host, bit for bit MLX's
+        # the attention softmax on the host, bit for bit MLX's
+        with attention.installed(tokens.shape[1], tokens.shape[1] + _context(cache)):
             out, tap_out = self._run(lambda: self.model(tokens, cache=cache), tokens, cache, taps, logits, tf)
         if logits == "last" and out.shape[1] != 1:
             out = out[:, -1:]
@@ -253,6 +254,14 @@ class Target:
     def forward_hidden(self, tokens: mx.array, taps: Sequence[int]) -> tuple[mx.array, mx.array]:
         """Cache-free causal forward for training: (final normed hidden [B, L, H], taps)."""
         return self._run(lambda: self.inner(tokens), tokens, None, tuple(taps), "hidden")
+
+
+def _context(cache) -> int:
+    """The positions a cache holds, 0 where it cannot say (no cache, recurrent layers only)."""
+    try:
+        return cache_length(cache) if cache else 0
+    except AttributeError:
+        return 0
 
 
 def cache_length(cache: list) -> int:
