@@ -562,3 +562,47 @@ def test_float16_drafter_context_survives_taps_past_float16(sm):
     assert np.allclose(np.asarray(got.astype(mx.float32)), np.asarray(ref), atol=3e-2, rtol=1e-2)
     # what the old path (cast the taps to float16 first) gave
     assert not np.isfinite(np.asarray(d16.model.context(taps.astype(mx.float16)).astype(mx.float32))).all()
+
+
+# ----------------------------------------------------------------------------- pipelined AR
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen3_5"])
+def test_pipelined_greedy_ar_equals_one_step_at_a_time_and_leaves_the_cache_exact(arch):
+    """Greedy decoding without drafts builds each forward while the last one runs (one step
+    ahead): the same tokens as the step-at-a-time loop (a NoDrafter subclass still takes it),
+    stopping at an EOS or max_tokens, and a request closed early, at an EOS or at max_tokens
+    leaves the cache holding exactly the committed positions, equal to a fresh prefill of them
+    (sliding windows and a recurrent target included)."""
+    from test_targets import PROMPT as IDS
+    from test_targets import assert_caches_equal
+    from tiny_targets import tiny_target
+
+    from mlxspec.engine.drafting import NoDrafter
+    from mlxspec.targets.model import cache_length
+
+    class StepAtATime(NoDrafter):
+        pass
+
+    target = tiny_target(arch)
+
+    def run(drafter, eos=frozenset(), max_tokens=14, cache=None, take=None):
+        g = generate_steps(target, IDS, drafter=drafter, max_tokens=max_tokens, eos_ids=eos, cache=cache)
+        out = []
+        for s in g:
+            out += s
+            if take is not None and len(out) >= take:
+                g.close()
+                break
+        return out
+
+    ref = run(StepAtATime())
+    assert run(None) == ref and len(ref) == 14
+    eos = frozenset({ref[6]})
+    assert run(None, eos) == run(StepAtATime(), eos) == ref[: ref.index(ref[6]) + 1]
+    for kw in ({"take": 5}, {"eos": eos}, {"max_tokens": 9}):
+        cache = target.make_cache()
+        out = run(None, cache=cache, **kw)
+        assert cache_length(cache) == len(IDS) + len(out) - 1, kw
+        fresh = target.make_cache()
+        target(mx.array([IDS + out[:-1]]), fresh)
+        assert_caches_equal(cache, fresh)
