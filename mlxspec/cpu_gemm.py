@@ -65,7 +65,7 @@ def build(out_dir: Path | None = None, cc: str | None = None, source: Path = SOU
           flags: tuple = ("-pthread",), libs: tuple = ("-ldl",), state: dict | None = None) -> Path | None:
     """The compiled library of `source` (built once per source and CPU, `cc -O3 -march=native`
     plus `flags`), or None (no compiler, or it failed: `state["why"]`, this module's state by
-    default). Also builds `cpu/softmax.c` (`mlxspec.targets.attention`)."""
+    default). Also builds `cpu/mlx_math.c` (`mlxspec.targets.host_math`)."""
     from mlxspec.cache import cache_dir
 
     state = _STATE if state is None else state

@@ -11,8 +11,8 @@ that change mlxspec's device decisions:
   `mlxspec.blas.ThreadGovernor` follow the load from other processes (`blas_threads_setting`);
 - MLXSPEC_SMALL_GEMM=0: no small-M GEMM of ours in front of OpenBLAS (`mlxspec.cpu_gemm`, used by
   default on x86-64 with AVX-512F or AVX2 + FMA and a C compiler);
-- MLXSPEC_HOST_SOFTMAX=0: the target's attention softmax left to MLX on the CPU instead of
-  computed on the host with the same numbers (`mlxspec.targets.attention`);
+- MLXSPEC_HOST_MATH=0: the target's attention softmax and SwiGLU left to MLX on the CPU instead
+  of computed on the host with the same numbers (`mlxspec.targets.host_math`);
 - MLXSPEC_OPENBLAS=PATH|off and MLXSPEC_NO_BLAS_REEXEC=1: which OpenBLAS `import mlxspec` loads
   on Linux CPU (`off`: none, MLX keeps its wheel's reference BLAS), and the CLI not
   re-executing to preload it (read before MLX is imported, so through `openblas_path` /
@@ -37,7 +37,7 @@ OPENBLAS_ENV = "MLXSPEC_OPENBLAS"
 NO_REEXEC_ENV = "MLXSPEC_NO_BLAS_REEXEC"
 BLAS_THREADS_ENV = "MLXSPEC_BLAS_THREADS"
 SMALL_GEMM_ENV = "MLXSPEC_SMALL_GEMM"
-HOST_SOFTMAX_ENV = "MLXSPEC_HOST_SOFTMAX"
+HOST_MATH_ENV = "MLXSPEC_HOST_MATH"
 _OFF = ("0", "false", "no", "off")
 
 
@@ -189,10 +189,10 @@ def small_gemm_enabled() -> bool:
     return os.environ.get(SMALL_GEMM_ENV, "").strip().lower() not in _OFF
 
 
-def host_softmax_enabled() -> bool:
-    """The target's attention softmax computed on the host (`mlxspec.targets.attention`: MLX's
-    numbers bit for bit, checked before use) unless MLXSPEC_HOST_SOFTMAX=0."""
-    return os.environ.get(HOST_SOFTMAX_ENV, "").strip().lower() not in _OFF
+def host_math_enabled() -> bool:
+    """The target's attention softmax and SwiGLU computed on the host (`mlxspec.targets.host_math`:
+    MLX's numbers bit for bit, checked before use) unless MLXSPEC_HOST_MATH=0."""
+    return os.environ.get(HOST_MATH_ENV, "").strip().lower() not in _OFF
 
 
 def _warn_late(lib: str) -> None:

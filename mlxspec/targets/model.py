@@ -28,7 +28,7 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlxspec.blas import govern
 from mlxspec.errors import MlxspecError
-from mlxspec.targets import attention
+from mlxspec.targets import host_math
 from mlxspec.targets.lowbit_linear import NativeLowBitLinear
 from mlxspec.targets.rollback import REPLAY_MAX, TargetCache, cache_kind, slice_rows
 
@@ -234,7 +234,7 @@ class Target:
         taps = tuple(taps)
         govern()  # OpenBLAS's thread count follows the host's load (mlxspec.blas.ThreadGovernor)
         if logits == "none":
-            with attention.installed(tokens.shape[1], tokens.shape[1] + _context(cache)):
+            with host_math.installed(tokens.shape[1], tokens.shape[1] + _context(cache)):
                 _, tap_out = self._run(lambda: self.inner(tokens, cache=cache), tokens, cache, taps, logits)
             return None, tap_out
         tf = None
@@ -245,7 +245,7 @@ class Target:
             if tf.n != tokens.shape[1]:
                 raise ValueError(f"a tree of {tf.n} nodes for {tokens.shape[1]} tokens")
         # the attention softmax on the host, bit for bit MLX's
-        with attention.installed(tokens.shape[1], tokens.shape[1] + _context(cache)):
+        with host_math.installed(tokens.shape[1], tokens.shape[1] + _context(cache)):
             out, tap_out = self._run(lambda: self.model(tokens, cache=cache), tokens, cache, taps, logits, tf)
         if logits == "last" and out.shape[1] != 1:
             out = out[:, -1:]

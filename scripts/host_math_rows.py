@@ -1,11 +1,11 @@
-"""What a target forward of 1..24 rows costs with MLX's attention softmax and with the host one
-(`mlxspec.targets.attention`), in one process switching between them, at one or more contexts;
-and a prompt's prefill both ways (docs/cli.md, "The attention softmax on the host"):
+"""What a target forward of 1..24 rows costs with MLX's attention softmax and SwiGLU and with the
+host's (`mlxspec.targets.host_math`), in one process switching between them, at one or more
+contexts; and a prompt's prefill both ways (docs/cli.md, "The softmax and SwiGLU on the host"):
 
-    LD_PRELOAD="$(python -m mlxspec.blas)" python scripts/attention_rows.py --contexts 300,1000 [--json FILE]
+    LD_PRELOAD="$(python -m mlxspec.blas)" python scripts/host_math_rows.py --contexts 300,1000 [--json FILE]
 
-Milliseconds: the median over --rounds rounds of 3 forwards each, the two settings interleaved
-round by round (so the host's drift falls on both); prefill: the best of 3. The logits are
+Milliseconds: the median over --rounds rounds of 3 forwards each way, the two settings
+alternating forward by forward (so the host's drift falls on both alike); prefill: the best of 3. The logits are
 compared too: any difference is printed and makes the exit status 1."""
 
 from __future__ import annotations
@@ -25,24 +25,24 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     import mlxspec  # noqa: F401  (OpenBLAS and the small GEMM before MLX)
     from mlxspec import api
-    from mlxspec.targets import attention
+    from mlxspec.targets import host_math
     from mlxspec.targets.model import trim_cache
 
     import mlx.core as mx
     import numpy as np
 
-    if not attention.check():
-        raise SystemExit(f"attention_rows: {attention.status()}")
+    if not host_math.check():
+        raise SystemExit(f"host_math_rows: {host_math.status()}")
     target, _, _ = api.load(draft="none")
     rows = [int(x) for x in a.rows.split(",")]
-    out = {"command": "scripts/attention_rows.py " + " ".join(sys.argv[1:] if argv is None else argv),
-           "status": attention.status(), "contexts": {}}
+    out = {"command": "scripts/host_math_rows.py " + " ".join(sys.argv[1:] if argv is None else argv),
+           "status": host_math.status(), "contexts": {}}
     same = True
     for ctx in (int(x) for x in a.contexts.split(",")):
         prompt = mx.array([[100 + (i * 37) % 20000 for i in range(ctx)]])
         pre = {}
         for on in (False, True):
-            attention._STATE["ok"] = on
+            host_math._STATE["ok"] = on
             ts, lg = [], None
             for _ in range(3):
                 cache = target.make_cache()
@@ -54,23 +54,23 @@ def main(argv=None) -> int:
         same &= bool(np.array_equal(pre[False][1], pre[True][1]))
         ms = {on: {L: [] for L in rows} for on in (False, True)}
         logits = {}
-        for _ in range(a.rounds):
-            for on in (False, True):
-                attention._STATE["ok"] = on
-                for L in rows:
-                    for _ in range(3):
-                        t = time.perf_counter()
-                        lg, _ = target(mx.array([[5 + L] * L]), cache, logits="all")
-                        mx.eval(lg)
-                        ms[on][L].append(time.perf_counter() - t)
-                        trim_cache(cache, L)
+        for r in range(a.rounds):
+            for L in rows:
+                for i in range(6):  # the two settings alternate forward by forward
+                    on = (i + r) % 2 == 1
+                    host_math._STATE["ok"] = on
+                    t = time.perf_counter()
+                    lg, _ = target(mx.array([[5 + L] * L]), cache, logits="all")
+                    mx.eval(lg)
+                    ms[on][L].append(time.perf_counter() - t)
+                    trim_cache(cache, L)
                     logits[(on, L)] = np.array(lg)
         same &= all(np.array_equal(logits[(False, L)], logits[(True, L)]) for L in rows)
         med = {("host" if on else "mlx"): {L: round(1e3 * float(np.median(v)), 1) for L, v in ms[on].items()}
                for on in (False, True)}
         out["contexts"][ctx] = {"forward_ms": med, "prefill_ms": {"mlx": pre[False][0], "host": pre[True][0]}}
         print(ctx, json.dumps(out["contexts"][ctx]), file=sys.stderr, flush=True)
-    attention._STATE["ok"] = True
+    host_math._STATE["ok"] = True
     out["logits_equal"] = same
     text = json.dumps(out, indent=1)
     if a.json:
@@ -79,7 +79,7 @@ def main(argv=None) -> int:
     else:
         print(text)
     if not same:
-        print("attention_rows: the logits differ between the two softmaxes", file=sys.stderr)
+        print("host_math_rows: the logits differ between the two settings", file=sys.stderr)
     return 0 if same else 1
 
 

@@ -1,25 +1,30 @@
-/* The attention softmax of a target forward on an x86-64 CPU, equal bit for bit to MLX's own
-   (mlx/backend/cpu/softmax.cpp with MLX's polynomial exp, mlx/backend/cpu/simd/math.h), and
-   ~15x faster: the MLX wheel for x86-64 computes that exp one element at a time (its SIMD width
-   there is 1) with a call into libm for every fma, ~13 ns an element on a 2-core Xeon, and a
-   verify of 9 rows at a context of 300 spends ~11 ms of its ~75 in it (docs/cli.md).
+/* Two elementwise pieces of a target forward on an x86-64 CPU, equal bit for bit to what MLX
+   computes for them, and an order of magnitude faster: the attention softmax (MLX's
+   mlx/backend/cpu/softmax.cpp) and the SwiGLU activation (mlx-lm's compiled `swiglu`, silu(g) * x,
+   with MLX's Sigmoid from mlx/backend/cpu/unary_ops.h). The MLX wheel for x86-64 computes their
+   exp one element at a time (its SIMD width there is 1) with a call into libm for every fma:
+   ~13 ns an element for the softmax, ~27 for the compiled SwiGLU, on a 2-core Xeon. In
+   SmolLM2-135M at context 300 a 9-row verify spends ~11 ms of ~75 in the softmax and ~9 in
+   the SwiGLU (docs/cli.md).
 
-   What makes it the same numbers, element for element:
-   - exp: the same operations in the same order: x * log2(e) in float, floor(x + 0.5) in double
+   What makes them the same numbers, element for element:
+   - exp: MLX's operations in MLX's order: x * log2(e) in float, floor(x + 0.5) in double
      (MLX adds the double 0.5 to the float), the same Cephes polynomial by fused multiply-adds,
      2^ipart from the exponent bits, the same NaN / +-88 selects. Vector lanes compute exactly
      what the scalar code computes; -ffp-contract=off keeps the compiler from fusing anything
      else.
-   - the row's maximum: exact in any order.
-   - the normalizer: summed strictly left to right from 0 (a float sum depends on its order),
-     then 1 / sum, and every exponential multiplied by it.
-   - masked scores (the causal mask MLX builds in its attention fallback): replaced by the
-     float's lowest value, as MLX's where(mask, scores, finfo.min) does, before the maximum.
+   - softmax: the row's maximum (exact in any order); the normalizer summed strictly left to
+     right from 0 (a float sum depends on its order), then 1 / sum, and every exponential
+     multiplied by it. Masked scores (the causal mask MLX builds in its attention fallback) are
+     replaced by the float's lowest value, as MLX's where(mask, scores, finfo.min) does.
+   - SwiGLU: sigmoid(g) = g < 0 ? y : 1 - y with y = 1 / (1 + exp(|g|)), then (g * sigmoid(g)) * x,
+     each rounded to float as the compiled kernel rounds it.
 
-   mlxspec_softmax_rows(x, rows, n, causal_from): x holds rows x n floats, softmaxed in place;
-   causal_from < 0: no mask; otherwise row r keeps columns 0 .. causal_from + (r % q_rows), with
-   q_rows passed as well (the rows of one head; a row's query position is its index within its
-   head). Built by cc -O3 -march=native -ffp-contract=off (mlxspec/cpu_softmax.py). */
+   mlxspec_softmax_rows(x, rows, n, q_rows, causal_from): x holds rows x n floats, softmaxed in
+   place; causal_from < 0: no mask; otherwise row r keeps columns 0 .. causal_from + (r % q_rows)
+   (a row's query position is its index within its head's q_rows rows).
+   mlxspec_swiglu(g, x, out, n): out = silu(g) * x over n floats.
+   Built by cc -O3 -march=native -ffp-contract=off (mlxspec.targets.host_math). */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -82,6 +87,10 @@ static inline __m512 expv(__m512 xi) {
 #define MUL _mm512_mul_ps
 #define SUB _mm512_sub_ps
 #define MAX _mm512_max_ps
+#define ADD _mm512_add_ps
+#define DIV _mm512_div_ps
+#define ABS _mm512_abs_ps
+#define NEG_SELECT(g, a, b) _mm512_mask_blend_ps(_mm512_cmp_ps_mask(g, _mm512_setzero_ps(), _CMP_LT_OQ), b, a)
 typedef __m512 vec;
 static inline float hmax(vec v) { return _mm512_reduce_max_ps(v); }
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -108,6 +117,10 @@ static inline __m256 expv(__m256 xi) {
 #define MUL _mm256_mul_ps
 #define SUB _mm256_sub_ps
 #define MAX _mm256_max_ps
+#define ADD _mm256_add_ps
+#define DIV _mm256_div_ps
+#define ABS(v) _mm256_andnot_ps(_mm256_set1_ps(-0.0f), v)
+#define NEG_SELECT(g, a, b) _mm256_blendv_ps(b, a, _mm256_cmp_ps(g, _mm256_setzero_ps(), _CMP_LT_OQ))
 typedef __m256 vec;
 static inline float hmax(vec v) {
     float t[8], m = -INFINITY;
@@ -118,7 +131,7 @@ static inline float hmax(vec v) {
 #endif
 
 /* the lanes it computes with (16: AVX-512F, 8: AVX2 + FMA, 1: scalar) */
-int mlxspec_softmax_lanes(void) {
+int mlxspec_math_lanes(void) {
 #ifdef LANES
     return LANES;
 #else
@@ -160,4 +173,23 @@ void mlxspec_softmax_rows(float *x, long rows, long n, long q_rows, long causal_
         }
         row(x, n);
     }
+}
+
+static inline float sigmoid1(float g) {
+    float y = 1.0f / (1.0f + exp1(fabsf(g)));
+    return g < 0 ? y : 1.0f - y;
+}
+
+void mlxspec_swiglu(const float *g, const float *x, float *out, long n) {
+    long i = 0;
+#ifdef LANES
+    const vec one = SET1(1.0f);
+    for (; i + LANES <= n; i += LANES) {
+        vec gv = LOAD(g + i);
+        vec y = DIV(one, ADD(one, expv(ABS(gv))));
+        vec sig = NEG_SELECT(gv, y, SUB(one, y)); /* g < 0 ? y : 1 - y */
+        STORE(out + i, MUL(MUL(gv, sig), LOAD(x + i)));
+    }
+#endif
+    for (; i < n; i++) out[i] = (g[i] * sigmoid1(g[i])) * x[i];
 }

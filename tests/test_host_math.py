@@ -1,6 +1,6 @@
-"""The attention softmax on the host (mlxspec.targets.attention, mlxspec/cpu/softmax.c): the
-numbers MLX's own softmax gives, bit for bit, in every target forward it takes part in, and a
-check that notices when they are not."""
+"""The attention softmax and the SwiGLU on the host (mlxspec.targets.host_math,
+mlxspec/cpu/mlx_math.c): the numbers MLX's own softmax and mlx-lm's compiled swiglu give, bit for
+bit, in every target forward they take part in, and a check that notices when they are not."""
 
 import mlx.core as mx
 import numpy as np
@@ -10,7 +10,7 @@ from test_tree_forward import PARENTS, TOKENS
 from tiny_targets import ARCHS, tiny_target
 
 from mlxspec import cpu_gemm
-from mlxspec.targets import attention
+from mlxspec.targets import host_math
 from mlxspec.targets.model import trim_cache
 from mlxspec.targets.tree import tree_support
 
@@ -30,10 +30,13 @@ def mlx_softmax(x: np.ndarray, q_rows: int, causal: int) -> np.ndarray:
 
 
 def test_it_is_on_here():
-    assert attention.usable(), attention.status()
-    assert attention.status().startswith(f"host attention softmax: on ({NATIVE_LANES} lanes"), attention.status()
+    assert host_math.usable(), host_math.status()
+    assert host_math.status().startswith(f"host softmax and SwiGLU: on ({NATIVE_LANES} lanes"), host_math.status()
 
 
+# the tiny architectures whose MLPs (and MoE experts) call mlx-lm's `swiglu` by name (gemma3: GELU;
+# gpt_oss: its own clamped activation)
+SWIGLU_ARCHS = {"llama", "qwen3", "qwen3_moe", "mistral", "llama3_1", "qwen3_5"}
 BUILDS = {"native": (), "scalar": ("-mno-avx",)}
 if NATIVE_LANES == 16:
     BUILDS["avx2"] = ("-mno-avx512f",)  # the path an AVX2-only CPU builds, run here
@@ -48,12 +51,13 @@ def builds(tmp_path_factory):
     out = {}
     for name, extra in BUILDS.items():
         state: dict = {}
-        path = cpu_gemm.build(out_dir=tmp_path_factory.mktemp(name), source=attention.SOURCE,
+        path = cpu_gemm.build(out_dir=tmp_path_factory.mktemp(name), source=host_math.SOURCE,
                               flags=("-ffp-contract=off", *extra), libs=("-lm",), state=state)
         assert path is not None, (name, state)
         lib = ctypes.CDLL(str(path))
         lib.mlxspec_softmax_rows.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_long]
-        out[name] = (lib, int(lib.mlxspec_softmax_lanes()))
+        lib.mlxspec_swiglu.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_long]
+        out[name] = (lib, int(lib.mlxspec_math_lanes()))
     return out
 
 
@@ -76,10 +80,28 @@ def test_softmax_rows_equal_mlx_bit_for_bit(builds, build):
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (rows, n, causal)
 
 
+@pytest.mark.parametrize("build", list(BUILDS))
+def test_swiglu_equals_mlx_lm_bit_for_bit(builds, build):
+    from mlx_lm.models.activations import swiglu
+
+    lib, _ = builds[build]
+    rng = np.random.default_rng(2)
+    for trial in range(100):
+        n = int(rng.integers(1, 5000))
+        scale = float(rng.choice([0.01, 1.0, 6.0, 40.0, 200.0]))
+        g = (rng.standard_normal(n) * scale).astype(np.float32)
+        x = (rng.standard_normal(n) * scale).astype(np.float32)
+        g[: min(n, 4)] = (0.0, -0.0, 95.0, -95.0)[: min(n, 4)]  # sigmoid's two sides of zero, exp past +-88
+        want = np.array(swiglu(mx.array(g), mx.array(x)))
+        got = np.empty_like(g)
+        lib.mlxspec_swiglu(g.ctypes.data, x.ctypes.data, got.ctypes.data, n)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (build, n, scale)
+
+
 def test_the_check_notices_a_softmax_that_sums_in_another_order(tmp_path, monkeypatch):
     """A normalizer summed in four lanes (what a compiler's reassociation would do) is within
     1e-7 of MLX's and not equal to it: the check must refuse it, with the reason."""
-    src = attention.SOURCE.read_text()
+    src = host_math.SOURCE.read_text()
     line = "for (j = 0; j < n; j++) s = s + x[j];  /* left to right, as MLX sums */"
     assert line in src
     four = ("float s4[4] = {0, 0, 0, 0}; for (j = 0; j < n; j++) s4[j % 4] += x[j]; "
@@ -89,19 +111,19 @@ def test_the_check_notices_a_softmax_that_sums_in_another_order(tmp_path, monkey
     state: dict = {}
     path = cpu_gemm.build(out_dir=tmp_path, source=mutant, flags=("-ffp-contract=off",), libs=("-lm",), state=state)
     assert path is not None, state
-    monkeypatch.setattr(attention, "SOURCE", mutant)
-    monkeypatch.setattr(attention, "_STATE", {})
+    monkeypatch.setattr(host_math, "SOURCE", mutant)
+    monkeypatch.setattr(host_math, "_STATE", {})
     monkeypatch.setattr(cpu_gemm, "build", lambda **kw: path)
-    assert not attention.check()
-    assert not attention.usable()
-    assert "differs from this MLX's" in attention.status(), attention.status()
-    with attention.installed():  # refused: mx.fast is left alone
-        assert mx.fast.scaled_dot_product_attention is attention._ORIGINAL
+    assert not host_math.check()
+    assert not host_math.usable()
+    assert "differs from this MLX's" in host_math.status(), host_math.status()
+    with host_math.installed():  # refused: mx.fast is left alone
+        assert mx.fast.scaled_dot_product_attention is host_math._ORIGINAL
 
 
 def _forwards(target, on: bool, monkeypatch):
     """Prompt prefill, a 9-token chain, the same 9 tokens one at a time, and a tree: logits."""
-    monkeypatch.setitem(attention._STATE, "ok", on)
+    monkeypatch.setitem(host_math._STATE, "ok", on)
     cache = target.make_cache()
     pre, _ = target(mx.array([PROMPT]), cache, logits="all")
     chain = TOKENS[:9]
@@ -121,18 +143,23 @@ def test_target_forwards_are_the_same_bits_with_it(arch, monkeypatch):
     """Every tiny architecture: prefill, chain, one-token steps and tree logits equal with the
     host softmax and without it (every call taken by it here: no lower bound on its size), and
     it was used wherever the model's attention goes through mx.fast (gpt_oss's sinks do not)."""
-    assert attention.check()
-    monkeypatch.setattr(attention, "MIN_ELEMENTS", 0)
+    assert host_math.check()
+    monkeypatch.setattr(host_math, "MIN_ELEMENTS", 0)
+    monkeypatch.setattr(host_math, "SWIGLU_MIN_ELEMENTS", 0)
+    swiglus = []
+    real_swiglu = host_math._host_swiglu
+    monkeypatch.setattr(host_math, "_host_swiglu", lambda g, x: swiglus.append(g.shape) or real_swiglu(g, x))
     calls = []
-    real = attention.softmax_rows
-    monkeypatch.setattr(attention, "softmax_rows", lambda *a: calls.append(a[0].shape) or real(*a))
+    real = host_math.softmax_rows
+    monkeypatch.setattr(host_math, "softmax_rows", lambda *a: calls.append(a[0].shape) or real(*a))
     target = tiny_target(arch)
     off = _forwards(target, False, monkeypatch)
-    assert not calls
+    assert not calls and not swiglus
     on = _forwards(target, True, monkeypatch)
     for a, b in zip(off, on):
         assert np.array_equal(a.view(np.uint32), b.view(np.uint32)), arch
     assert (len(calls) > 0) == (arch != "gpt_oss"), (arch, len(calls))
+    assert (len(swiglus) > 0) == (arch in SWIGLU_ARCHS), (arch, len(swiglus))
 
 
 def test_smollm2_verify_rows_equal_decode_steps_and_mlx(smollm2, monkeypatch):
@@ -142,11 +169,11 @@ def test_smollm2_verify_rows_equal_decode_steps_and_mlx(smollm2, monkeypatch):
     target, _ = smollm2
     ids = list(range(100, 400))
     nxt = [5, 77, 901, 13, 4444, 21, 8, 99, 1000]
-    assert attention._eligible(mx.zeros((1, 9, 9, 64)), mx.zeros((1, 3, 309, 64)), mx.zeros((1, 3, 309, 64)), "causal", None)
+    assert host_math._eligible(mx.zeros((1, 9, 9, 64)), mx.zeros((1, 3, 309, 64)), mx.zeros((1, 3, 309, 64)), "causal", None)
     got = {}
-    assert attention.check()
+    assert host_math.check()
     for on in (False, True):
-        monkeypatch.setitem(attention._STATE, "ok", on)
+        monkeypatch.setitem(host_math._STATE, "ok", on)
         cache = target.make_cache()
         target(mx.array([ids]), cache, logits="last")
         lg, _ = target(mx.array([nxt]), cache)
@@ -162,10 +189,10 @@ def test_the_switch_turns_it_off_and_says_so():
     import subprocess
     import sys
 
-    code = ("import mlxspec\nfrom mlxspec.targets import attention\nimport mlx.core as mx\n"
-            "with attention.installed():\n    assert mx.fast.scaled_dot_product_attention is attention._ORIGINAL\n"
-            "print(attention.status())")
-    env = dict(os.environ, MLXSPEC_HOST_SOFTMAX="0")
+    code = ("import mlxspec\nfrom mlxspec.targets import host_math\nimport mlx.core as mx\n"
+            "with host_math.installed():\n    assert mx.fast.scaled_dot_product_attention is host_math._ORIGINAL\n"
+            "print(host_math.status())")
+    env = dict(os.environ, MLXSPEC_HOST_MATH="0")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "host attention softmax: off (MLXSPEC_HOST_SOFTMAX=0)"
+    assert r.stdout.strip() == "host softmax and SwiGLU: off (MLXSPEC_HOST_MATH=0)"
