@@ -567,7 +567,7 @@ def test_float16_drafter_context_survives_taps_past_float16(sm):
 # ----------------------------------------------------------------------------- pipelined AR
 
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "qwen3_5"])
-def test_pipelined_greedy_ar_equals_one_step_at_a_time_and_leaves_the_cache_exact(arch):
+def test_pipelined_greedy_ar_equals_one_step_at_a_time_and_leaves_the_cache_exact(arch, monkeypatch):
     """Greedy decoding without drafts builds each forward while the last one runs (one step
     ahead): the same tokens as the step-at-a-time loop (a NoDrafter subclass still takes it),
     stopping at an EOS or max_tokens, and a request closed early, at an EOS or at max_tokens
@@ -596,7 +596,11 @@ def test_pipelined_greedy_ar_equals_one_step_at_a_time_and_leaves_the_cache_exac
         return out
 
     ref = run(StepAtATime())
+    pipelined = []
+    real = engine._greedy_ar
+    monkeypatch.setattr(engine, "_greedy_ar", lambda *a: pipelined.append(1) or real(*a))
     assert run(None) == ref and len(ref) == 14
+    assert pipelined == [1]  # the pipelined loop ran (and the subclass took the step-at-a-time one)
     eos = frozenset({ref[6]})
     assert run(None, eos) == run(StepAtATime(), eos) == ref[: ref.index(ref[6]) + 1]
     for kw in ({"take": 5}, {"eos": eos}, {"max_tokens": 9}):

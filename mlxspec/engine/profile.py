@@ -35,7 +35,7 @@ def _key(target: Target) -> str:
 
     from mlxspec.targets import host_math
 
-    # so are the small GEMM and the host softmax (a curve measured without them is another shape)
+    # so are the small GEMM and the host softmax and SwiGLU (a curve measured without them is another shape)
     blas = (_loaded_openblas_path() or "no-openblas") + profile_key() + ("|host-math" if host_math.usable() else "")
     ident = f"v5|{src}|{st.st_size if st else 0}|{st.st_mtime if st else 0}|{mx.default_device()}|{platform.node()}|{blas}"
     return hashlib.sha1(ident.encode()).hexdigest()[:16]

@@ -162,8 +162,9 @@ def _cases():
 
 
 def check() -> bool:
-    """Whether `exact_sdpa` equals `mx.fast.scaled_dot_product_attention` bit for bit in this
-    process (MLX's version and this CPU), on every case of `_cases`; the first call decides."""
+    """Whether the host attention equals `mx.fast.scaled_dot_product_attention` on every case of
+    `_cases`, and the host SwiGLU equals mlx-lm's `swiglu`, bit for bit in this process (MLX's
+    version and this CPU); the first call decides."""
     if "ok" in _STATE:
         return _STATE["ok"]
     if _lib() is None:
@@ -215,8 +216,9 @@ def _swiglu_users() -> list:
 def installed(rows: int = 2, keys: int = 0):
     """Inside (where `usable()`), `mx.fast.scaled_dot_product_attention` is `exact_sdpa` and the
     mlx-lm model modules' `swiglu` is `exact_swiglu`, for a forward of `rows` query rows over
-    `keys` keys: not for one row under 1,024 keys, which no head count or MLP width takes over
-    the size rules, so a decode step pays no call of ours per layer."""
+    `keys` keys. Not for one row under 1,024 keys, so a short decode step pays no call of ours
+    per layer; a one-row step over more keys is installed but only an MLP as wide as
+    SWIGLU_MIN_ELEMENTS takes over in it (the softmax needs 2+ rows, `_eligible`)."""
     if (rows < 2 and keys < 1024) or not usable() or mx.fast.scaled_dot_product_attention is exact_sdpa:
         yield
         return

@@ -233,20 +233,19 @@ class Target:
         """
         taps = tuple(taps)
         govern()  # OpenBLAS's thread count follows the host's load (mlxspec.blas.ThreadGovernor)
-        if logits == "none":
-            with host_math.installed(tokens.shape[1], tokens.shape[1] + _context(cache)):
-                _, tap_out = self._run(lambda: self.inner(tokens, cache=cache), tokens, cache, taps, logits)
-            return None, tap_out
         tf = None
-        if tree is not None:
+        if tree is not None and logits != "none":
             from mlxspec.targets.tree import TreeForward
 
             tf = TreeForward(tree)
             if tf.n != tokens.shape[1]:
                 raise ValueError(f"a tree of {tf.n} nodes for {tokens.shape[1]} tokens")
-        # the attention softmax on the host, bit for bit MLX's
+        model = self.inner if logits == "none" else self.model
+        # the attention softmax and the SwiGLU on the host, bit for bit MLX's
         with host_math.installed(tokens.shape[1], tokens.shape[1] + _context(cache)):
-            out, tap_out = self._run(lambda: self.model(tokens, cache=cache), tokens, cache, taps, logits, tf)
+            out, tap_out = self._run(lambda: model(tokens, cache=cache), tokens, cache, taps, logits, tf)
+        if logits == "none":
+            return None, tap_out
         if logits == "last" and out.shape[1] != 1:
             out = out[:, -1:]
         return out, tap_out
