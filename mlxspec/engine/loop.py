@@ -254,8 +254,8 @@ def _greedy_ar(target, cache, anchor: int, produced: int, max_tokens: int, eos_i
                prompt_len: int | None) -> Iterator[list[int]]:
     """Greedy decoding without drafts, pipelined as mlx-lm's `generate_step` is: the forward of
     token t+1 is built on t's argmax before t is read back (`mx.async_eval`), so the Python that
-    builds a step overlaps the one before it (SmolLM2 on 2 cores: 24.2 tok/s against 22.6, the
-    same tokens; docs/results.md). The same tokens as one step at a time: each forward is the
+    builds a step overlaps the one before it (SmolLM2 on 2 cores: 101% of mlx_lm's AR speed,
+    `scripts/bench_ar.py`, where step at a time was ~7% behind it; docs/results.md). The same tokens as one step at a time: each forward is the
     one the unpipelined loop runs, on the same token. At most one step runs ahead, and it is
     rolled back wherever the request ends (EOS, max_tokens, or the caller closing the
     generator), so the cache holds exactly the committed positions afterwards."""
