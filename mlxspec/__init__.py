@@ -13,6 +13,9 @@ def _fast_blas() -> None:
         from mlxspec.cpu_gemm import preload  # OpenBLAS (and, with MLXSPEC_SMALL_GEMM=1, our small GEMM first)
 
         preload()
+        from mlxspec.cpu_jit import enable  # MLX's compiled kernels built for this CPU, the same bits
+
+        enable()
 
 
 _fast_blas()

@@ -262,9 +262,10 @@ def blas_status() -> tuple[bool, str]:
     except Exception:
         pass
     if openblas_loaded():
-        from mlxspec import cpu_gemm
+        from mlxspec import cpu_gemm, cpu_jit
 
-        return True, "OpenBLAS preloaded" + ("; small-M GEMM in front" if cpu_gemm.active() else "")
+        return True, ("OpenBLAS preloaded" + ("; small-M GEMM in front" if cpu_gemm.active() else "")
+                      + ("; MLX's kernels built for this CPU" if cpu_jit.active() else ""))
     lib = find_openblas()
     if lib:
         return False, (f"MLX is using reference BLAS (~60x slower matmul); run with "

@@ -27,6 +27,7 @@ import subprocess
 from pathlib import Path
 
 from mlxspec.device import SMALL_GEMM_ENV as ENV
+from mlxspec.device import cpu_flags
 from mlxspec.device import small_gemm_enabled as enabled  # not turned off (MLXSPEC_SMALL_GEMM=0)
 
 SOURCE = Path(__file__).with_name("cpu") / "small_gemm.c"
@@ -53,12 +54,7 @@ def has_simd() -> bool:
     return "avx512f" in flags or ("avx2" in flags and "fma" in flags)
 
 
-def _cpu_flags() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((ln for ln in f if ln.startswith("flags")), "")
-    except OSError:
-        return ""
+_cpu_flags = cpu_flags
 
 
 def build(out_dir: Path | None = None, cc: str | None = None, source: Path = SOURCE,

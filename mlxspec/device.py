@@ -183,6 +183,15 @@ def apply_blas_threads_setting() -> None:
         return
 
 
+def cpu_flags() -> str:
+    """The `flags` line of /proc/cpuinfo ("" where there is none): what native builds are keyed by."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln for ln in f if ln.startswith("flags")), "")
+    except OSError:
+        return ""
+
+
 def small_gemm_enabled() -> bool:
     """`mlxspec.cpu_gemm` in front of OpenBLAS unless MLXSPEC_SMALL_GEMM=0 (does not import MLX;
     it is used where it can be: x86-64 with AVX-512F or AVX2 + FMA, and a C compiler)."""

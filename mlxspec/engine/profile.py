@@ -33,10 +33,13 @@ def _key(target: Target) -> str:
     # (a run without the OpenBLAS preload) is ~5x too slow and the wrong shape for OpenBLAS
     from mlxspec.cpu_gemm import profile_key
 
+    from mlxspec import cpu_jit
     from mlxspec.targets import host_math
 
-    # so are the small GEMM and the host softmax and SwiGLU (a curve measured without them is another shape)
-    blas = (_loaded_openblas_path() or "no-openblas") + profile_key() + ("|host-math" if host_math.usable() else "")
+    # so are the small GEMM, the host softmax and SwiGLU and MLX's kernels built for this CPU
+    # (a curve measured without them is another shape)
+    blas = (_loaded_openblas_path() or "no-openblas") + profile_key() + ("|host-math" if host_math.usable() else "") \
+        + cpu_jit.profile_key()
     ident = f"v5|{src}|{st.st_size if st else 0}|{st.st_mtime if st else 0}|{mx.default_device()}|{platform.node()}|{blas}"
     return hashlib.sha1(ident.encode()).hexdigest()[:16]
 

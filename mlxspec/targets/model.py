@@ -26,6 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlxspec import cpu_jit
 from mlxspec.blas import govern
 from mlxspec.errors import MlxspecError
 from mlxspec.targets import host_math
@@ -127,6 +128,7 @@ class Target:
             source=source,
             notes=list(notes or []),
         )
+        cpu_jit.check()  # MLX's kernels built for this CPU: their bits checked before the first forward
 
     # -- pieces a drafter borrows -------------------------------------------------
     def embed(self, tokens: mx.array) -> mx.array:
