@@ -13,7 +13,8 @@ first on PATH (the real one plus those two flags) and points TMPDIR at a kernel 
 own in the mlxspec cache, keyed by the CPU's flags and the compiler, so a kernel built for one CPU
 is never loaded on another and MLX's shared folder keeps its generic kernels. Python's own
 temporary folder is pinned first (`tempfile.gettempdir`), so only MLX's kernels move; child
-processes inherit both variables.
+processes inherit both variables, and an mlxspec child points its own tempfile back at the
+folder the first process had (MLXSPEC_TMPDIR_OUTSIDE).
 
 The first target loaded checks the bits (`check`): a set of compiled functions (SwiGLU, exp,
 the tanh GELU, softplus, erf) against MLX's uncompiled ops, bitwise, on random and extreme inputs.
@@ -33,6 +34,7 @@ import tempfile
 from pathlib import Path
 
 ENV = "MLXSPEC_NATIVE_JIT"
+OUTSIDE_ENV = "MLXSPEC_TMPDIR_OUTSIDE"  # TMPDIR before the first process enabled it ("": unset)
 FLAGS = ("-march=native", "-ffp-contract=off")
 DIR_NAME = "mlx-jit"
 _STATE: dict = {}  # "dir": the kernel folder in use, "old": (PATH, TMPDIR) before, "why": not in use, "checked"
@@ -98,13 +100,30 @@ def enable(force: bool = False, root: Path | None = None) -> bool:
     except OSError as e:
         _STATE["why"] = f"cannot write its folder {d}: {e}"
         return False
-    tempfile.gettempdir()  # Python's temporary folder stays where it was
+    _pin_tempdir()
     _STATE["old"] = (os.environ.get("PATH"), os.environ.get("TMPDIR"))
     os.environ["PATH"] = str(d / "bin") + os.pathsep + path
     os.environ["TMPDIR"] = str(d / "tmp")
     _STATE["dir"] = d
     _STATE.pop("why", None)
     return True
+
+
+def _pin_tempdir() -> None:
+    """Python's temporary folder stays the one outside ours: in a child that inherited TMPDIR
+    pointing at a kernel folder, the one its first ancestor had (OUTSIDE_ENV), which tempfile
+    is pointed back at if it had read ours already."""
+    outside = os.environ.get(OUTSIDE_ENV)
+    if outside is None:
+        outside = os.environ.get("TMPDIR", "")
+        os.environ[OUTSIDE_ENV] = outside
+    if outside:
+        os.environ["TMPDIR"] = outside
+    else:
+        os.environ.pop("TMPDIR", None)
+    if tempfile.tempdir and f"{os.sep}{DIR_NAME}{os.sep}" in tempfile.tempdir + os.sep:
+        tempfile.tempdir = None
+    tempfile.gettempdir()
 
 
 def disable(why: str) -> None:

@@ -101,8 +101,11 @@ print(json.dumps({{"ok": ok, "active": cpu_jit.active(), "status": cpu_jit.statu
 def test_a_child_process_does_not_wrap_the_wrapper():
     """A child inherits PATH with the wrapper first; its own enable must find the real g++."""
     out = _run("import json, mlxspec, os; from mlxspec import cpu_jit; "
-               "print(json.dumps({'dir': str(cpu_jit._STATE.get('dir')), 'path': os.environ['PATH']}))")
+               "import tempfile; print(json.dumps({'dir': str(cpu_jit._STATE.get('dir')), 'path': os.environ['PATH'], "
+               "'tempdir': tempfile.gettempdir()}))")
     d = cpu_jit._STATE["dir"]
     assert out["dir"] == str(d)
-    assert out["path"].count(os.sep + cpu_jit.DIR_NAME + os.sep) == 1, out["path"]
+    assert not out["tempdir"].startswith(str(d)), out  # the child's tempfile is the folder outside ours
+    entries = [p for p in out["path"].split(os.pathsep) if p.endswith(os.sep + "bin") and cpu_jit.DIR_NAME in p]
+    assert entries == [str(d / "bin")], out["path"]  # one wrapper, its own
     assert "exec '/" in (d / "bin" / "g++").read_text() and cpu_jit.DIR_NAME not in (d / "bin" / "g++").read_text()

@@ -98,9 +98,14 @@ def test_swiglu_equals_mlx_lm_bit_for_bit(builds, build):
         assert np.array_equal(got.view(np.uint32), want.view(np.uint32)), (build, n, scale)
 
 
-def test_the_check_notices_a_softmax_that_sums_in_another_order(tmp_path, monkeypatch):
+@pytest.mark.parametrize("where", ["MLX primitives", "between evaluations"])
+def test_the_check_notices_a_softmax_that_sums_in_another_order(where, tmp_path, monkeypatch):
     """A normalizer summed in four lanes (what a compiler's reassociation would do) is within
-    1e-7 of MLX's and not equal to it: the check must refuse it, with the reason."""
+    1e-7 of MLX's and not equal to it: the check must refuse it, with the reason, whether the C
+    runs as MLX primitives (`mlxspec.cpu_ops`, built again from the mutant) or between two
+    evaluations."""
+    from mlxspec import cpu_ops
+
     src = host_math.SOURCE.read_text()
     line = "for (j = 0; j < n; j++) s = s + x[j];  /* left to right, as MLX sums */"
     assert line in src
@@ -114,6 +119,13 @@ def test_the_check_notices_a_softmax_that_sums_in_another_order(tmp_path, monkey
     monkeypatch.setattr(host_math, "SOURCE", mutant)
     monkeypatch.setattr(host_math, "_STATE", {})
     monkeypatch.setattr(cpu_gemm, "build", lambda **kw: path)
+    if where == "MLX primitives":
+        monkeypatch.setattr(cpu_ops, "SOURCES", [cpu_ops.SOURCES[0], mutant])
+        monkeypatch.setattr(cpu_ops, "_STATE", {})
+        assert host_math.in_graph(), cpu_ops.why()
+    else:
+        monkeypatch.setattr(cpu_ops, "_STATE", {"why": "left out by the test"})
+        assert not host_math.in_graph()
     assert not host_math.check()
     assert not host_math.usable()
     assert "differs from this MLX's" in host_math.status(), host_math.status()
@@ -138,20 +150,27 @@ def _forwards(target, on: bool, monkeypatch):
     return out
 
 
+@pytest.mark.parametrize("where", ["MLX primitives", "between evaluations"])
 @pytest.mark.parametrize("arch", ARCHS)
-def test_target_forwards_are_the_same_bits_with_it(arch, monkeypatch):
+def test_target_forwards_are_the_same_bits_with_it(arch, where, monkeypatch):
     """Every tiny architecture: prefill, chain, one-token steps and tree logits equal with the
     host softmax and without it (every call taken by it here: no lower bound on its size), and
-    it was used wherever the model's attention goes through mx.fast (gpt_oss's sinks do not)."""
+    it was used wherever the model's attention goes through mx.fast (gpt_oss's sinks do not);
+    as MLX primitives (the default here) and computed between two evaluations."""
+    from mlxspec import cpu_ops
+
     assert host_math.check()
+    if where == "between evaluations":
+        monkeypatch.setattr(cpu_ops, "_STATE", {"why": "left out by the test"})
+    assert host_math.in_graph() == (where == "MLX primitives"), cpu_ops.why()
     monkeypatch.setattr(host_math, "MIN_ELEMENTS", 0)
     monkeypatch.setattr(host_math, "SWIGLU_MIN_ELEMENTS", 0)
     swiglus = []
     real_swiglu = host_math._host_swiglu
     monkeypatch.setattr(host_math, "_host_swiglu", lambda g, x: swiglus.append(g.shape) or real_swiglu(g, x))
     calls = []
-    real = host_math.softmax_rows
-    monkeypatch.setattr(host_math, "softmax_rows", lambda *a: calls.append(a[0].shape) or real(*a))
+    real = host_math._host_sdpa
+    monkeypatch.setattr(host_math, "_host_sdpa", lambda *a: calls.append(a[0].shape) or real(*a))
     target = tiny_target(arch)
     off = _forwards(target, False, monkeypatch)
     assert not calls and not swiglus

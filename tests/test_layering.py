@@ -17,7 +17,7 @@ PKG = Path(__file__).resolve().parent.parent / "mlxspec"
 # unit (first component under mlxspec/, or a module name) -> layer
 LAYERS = {
     "errors": 0, "logger": 0, "device": 0, "validate": 1, "blas": 4, "cache": 2, "hub": 2,
-    "gguf": 3, "cpu_gemm": 3, "cpu_jit": 3, "tokenizer": 4, "kernels": 5,
+    "gguf": 3, "cpu_gemm": 3, "cpu_jit": 3, "cpu_ops": 3, "tokenizer": 4, "kernels": 5,
     "targets": 6, "drafters": 7, "engine": 8, "api": 9,
     "corpus": 3, "prompts": 10, "args": 10, "evaluate": 11, "inspect": 11, "bench": 12,
     "train": 12, "server": 12, "distributed": 12, "cli": 13, "__init__": 14, "__main__": 14,

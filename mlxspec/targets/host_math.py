@@ -71,6 +71,21 @@ def _lib():
     return lib
 
 
+def _ops():
+    """mlxspec's MLX primitives (`mlxspec.cpu_ops`: the same C inside MLX's graph, no evaluation
+    to wait for), or None: then the host computes between two evaluations."""
+    if _lib() is None:
+        return None
+    from mlxspec import cpu_ops
+
+    return cpu_ops.module()
+
+
+def in_graph() -> bool:
+    """Whether the host math runs as MLX primitives (any size pays: no graph cut)."""
+    return _ops() is not None
+
+
 def softmax_rows(x: np.ndarray, q_rows: int, causal_from: int = -1) -> np.ndarray:
     """MLX's softmax over the last axis of a C-contiguous float32 array, in place (the causal
     mask first where causal_from >= 0: row r keeps columns <= causal_from + r % q_rows)."""
@@ -84,7 +99,7 @@ def softmax_rows(x: np.ndarray, q_rows: int, causal_from: int = -1) -> np.ndarra
 
 
 def _eligible(q, k, v, mask, sinks) -> bool:
-    if sinks is not None or q.ndim != 4 or k.ndim != 4 or q.shape[2] < 2:
+    if sinks is not None or q.ndim != 4 or k.ndim != 4 or (q.shape[2] < 2 and not in_graph()):
         return False
     if not (q.dtype == k.dtype == v.dtype == mx.float32) or q.shape[1] % k.shape[1]:
         return False
@@ -92,7 +107,7 @@ def _eligible(q, k, v, mask, sinks) -> bool:
         return False
     if isinstance(mask, str) and mask != "causal":
         return False
-    return MIN_ELEMENTS <= q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] <= MAX_ELEMENTS
+    return (0 if in_graph() else MIN_ELEMENTS) <= q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] <= MAX_ELEMENTS
 
 
 def exact_sdpa(q, k, v, *, scale, mask=None, sinks=None, **kw):
@@ -121,20 +136,28 @@ def _host_sdpa(q, k, v, scale, mask):
             else scores + m
     elif mask == "causal":
         causal = max(kL - L, 0)
-    host = np.array(scores, copy=True)  # evaluates q, k, v and the products; C-contiguous float32
-    softmax_rows(host, L, causal)
-    out = mx.array(host) @ v
+    ops = _ops()
+    if ops is not None:  # in MLX's graph, on its CPU stream
+        out = ops.host_softmax(scores, L, causal) @ v
+    else:
+        host = np.array(scores, copy=True)  # evaluates q, k, v and the products; C-contiguous float32
+        softmax_rows(host, L, causal)
+        out = mx.array(host) @ v
     return out.reshape(B, Hq, L, -1) if rep > 1 else out
 
 
 def exact_swiglu(gate, x):
     """mlx-lm's `swiglu(gate, x)` = silu(gate) * x, computed on the host where it pays."""
-    if not (gate.dtype == x.dtype == mx.float32 and gate.shape == x.shape and gate.size >= SWIGLU_MIN_ELEMENTS):
+    if not (gate.dtype == x.dtype == mx.float32 and gate.shape == x.shape
+            and (in_graph() or gate.size >= SWIGLU_MIN_ELEMENTS)):
         return _SWIGLU(gate, x)
     return _host_swiglu(gate, x)
 
 
 def _host_swiglu(gate, x):
+    ops = _ops()
+    if ops is not None:
+        return ops.host_swiglu(gate, x)
     mx.eval(gate, x)
     g, u = np.array(gate, copy=True), np.array(x, copy=True)
     out = np.empty_like(g)
@@ -150,7 +173,7 @@ def _cases():
         return mx.array(rng.standard_normal(s).astype(np.float32))
 
     cases = []
-    for hq, hk, L, kL in ((9, 3, 9, 301), (4, 4, 17, 40), (8, 2, 2, 17), (6, 3, 5, 5)):
+    for hq, hk, L, kL in ((9, 3, 9, 301), (4, 4, 17, 40), (8, 2, 2, 17), (6, 3, 5, 5), (9, 3, 1, 180)):
         q, k, v = arr(1, hq, L, 64), arr(1, hk, kL, 64), arr(1, hk, kL, 64)
         cases.append((q, k, v, "causal"))
         keep = rng.random((L, kL)) < 0.7
@@ -219,7 +242,8 @@ def installed(rows: int = 2, keys: int = 0):
     `keys` keys. Not for one row under 1,024 keys, so a short decode step pays no call of ours
     per layer; a one-row step over more keys is installed but only an MLP as wide as
     SWIGLU_MIN_ELEMENTS takes over in it (the softmax needs 2+ rows, `_eligible`)."""
-    if (rows < 2 and keys < 1024) or not usable() or mx.fast.scaled_dot_product_attention is exact_sdpa:
+    if (rows < 2 and keys < 1024 and not in_graph()) or not usable() \
+            or mx.fast.scaled_dot_product_attention is exact_sdpa:
         yield
         return
     mods = _swiglu_users()
@@ -238,7 +262,10 @@ def status() -> str:
     """One line for `mlxspec doctor` / the init line."""
     if usable():
         lanes = int(_STATE["lib"].mlxspec_math_lanes())
-        return f"host softmax and SwiGLU: on ({lanes} lanes; equal to MLX's bit for bit)"
+        from mlxspec import cpu_ops
+
+        how = "MLX primitives" if in_graph() else f"between evaluations: {cpu_ops.why()}"
+        return f"host softmax and SwiGLU: on ({lanes} lanes, {how}; equal to MLX's bit for bit)"
     if mx.default_device() != mx.cpu:
         return "host softmax and SwiGLU: off (not on the CPU)"
     return f"host softmax and SwiGLU: off ({_STATE.get('why', 'not checked')})"
