@@ -19,6 +19,8 @@ namespace nb = nanobind;
 namespace mx = mlx::core;
 
 extern "C" {
+void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, const float *A, int lda,
+                 const float *B, int ldb, float beta, float *C, int ldc);  // whichever MLX's calls reach
 void mlxspec_softmax_rows(float *x, long rows, long n, long q_rows, long causal_from);
 void mlxspec_swiglu(const float *g, const float *x, float *out, long n);
 int mlxspec_math_lanes(void);
@@ -103,6 +105,74 @@ class HostSwiglu : public mx::UnaryPrimitive {
     bool is_equivalent(const mx::Primitive &) const override { return true; }
 };
 
+// MLX's CPU attention fallback in one op: q * scale, q @ k^T, the causal mask and softmax, @ v,
+// each product by the cblas_sgemm MLX's own matmul calls, with its arguments (a query head's
+// rows against its key head's [kL, D] rows, B transposed; then the probabilities against v), so
+// every number is the one the op-by-op graph gives (host_math.check compares them bitwise)
+class HostAttention : public mx::UnaryPrimitive {
+   public:
+    HostAttention(mx::Stream s, float scale, int causal_from)
+        : mx::UnaryPrimitive(s), scale_(scale), causal_from_(causal_from) {}
+
+    void eval_cpu(const std::vector<mx::array> &inputs, mx::array &out) override {
+        out.set_data(mx::allocator::malloc(out.nbytes()));
+        auto &enc = mx::cpu::get_command_encoder(stream());
+        for (auto &a : inputs) enc.set_input_array(a);
+        enc.set_output_array(out);
+        enc.dispatch([q = mx::array::unsafe_weak_copy(inputs[0]), k = mx::array::unsafe_weak_copy(inputs[1]),
+                      v = mx::array::unsafe_weak_copy(inputs[2]), out = mx::array::unsafe_weak_copy(out),
+                      scale = scale_, causal = causal_from_]() mutable {
+            int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
+            int Hk = k.shape(1), kL = k.shape(2), rep = Hq / Hk;
+            std::vector<float> tq, qs((size_t)B * Hq * L * D), scores((size_t)B * Hq * L * kL);
+            const float *qp = row_major(q, tq);
+            for (size_t i = 0; i < qs.size(); i++) qs[i] = scale * qp[i];
+            // k and v as MLX's matmul reads them: rows of D floats at their own stride (a cache's
+            // slice), or gathered into a copy where a row is not contiguous
+            std::vector<float> tk, tv;
+            int64_t ks[3] = {k.strides()[0], k.strides()[1], k.strides()[2]};
+            int64_t vs[3] = {v.strides()[0], v.strides()[1], v.strides()[2]};
+            const float *kp = k.data<float>(), *vp = v.data<float>();
+            if (k.strides()[3] != 1) {
+                kp = row_major(k, tk);
+                ks[0] = (int64_t)Hk * kL * D, ks[1] = (int64_t)kL * D, ks[2] = D;
+            }
+            if (v.strides()[3] != 1) {
+                vp = row_major(v, tv);
+                vs[0] = (int64_t)Hk * kL * D, vs[1] = (int64_t)kL * D, vs[2] = D;
+            }
+            float *o = out.data<float>();
+            for (int b = 0; b < B; b++)
+                for (int h = 0; h < Hq; h++) {
+                    size_t bh = (size_t)b * Hq + h;
+                    const float *kh = kp + b * ks[0] + (h / rep) * ks[1];
+                    cblas_sgemm(101, 111, 112, L, kL, D, 1.0f, qs.data() + bh * L * D, D, kh, (int)ks[2],
+                                0.0f, scores.data() + bh * L * kL, kL);
+                }
+            mlxspec_softmax_rows(scores.data(), (long)B * Hq * L, kL, L, causal);
+            for (int b = 0; b < B; b++)
+                for (int h = 0; h < Hq; h++) {
+                    size_t bh = (size_t)b * Hq + h;
+                    const float *vh = vp + b * vs[0] + (h / rep) * vs[1];
+                    cblas_sgemm(101, 111, 111, L, D, kL, 1.0f, scores.data() + bh * L * kL, kL, vh, (int)vs[2],
+                                0.0f, o + bh * L * D, D);
+                }
+        });
+    }
+    void eval_gpu(const std::vector<mx::array> &, mx::array &) override {
+        throw std::runtime_error("[mlxspec host_attention] CPU only");
+    }
+    const char *name() const override { return "MlxspecHostAttention"; }
+    bool is_equivalent(const mx::Primitive &other) const override {
+        auto &o = static_cast<const HostAttention &>(other);
+        return scale_ == o.scale_ && causal_from_ == o.causal_from_;
+    }
+
+   private:
+    float scale_;
+    int causal_from_;
+};
+
 void need_float32(const mx::array &a, const char *what) {
     if (a.dtype() != mx::float32) throw std::invalid_argument(std::string(what) + ": float32 only");
 }
@@ -114,6 +184,18 @@ mx::array host_softmax(const mx::array &scores, int q_rows, int causal_from) {
     need_float32(scores, "host_softmax");
     auto s = mx::default_stream(mx::Device::cpu);
     return mx::array(scores.shape(), mx::float32, std::make_shared<HostSoftmax>(s, q_rows, causal_from), {scores});
+}
+
+// q [B, Hq, L, D], k and v [B, Hk, kL, D] (rows of D contiguous, e.g. a KV cache's slice)
+mx::array host_attention(const mx::array &q, const mx::array &k, const mx::array &v, float scale, int causal_from) {
+    need_float32(q, "host_attention");
+    need_float32(k, "host_attention");
+    need_float32(v, "host_attention");
+    if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || k.shape() != v.shape() || q.shape(0) != k.shape(0) ||
+        q.shape(3) != k.shape(3) || q.shape(1) % k.shape(1))
+        throw std::invalid_argument("host_attention: q [B, Hq, L, D], k and v [B, Hk, kL, D], Hq a multiple of Hk");
+    auto s = mx::default_stream(mx::Device::cpu);
+    return mx::array(q.shape(), mx::float32, std::make_shared<HostAttention>(s, scale, causal_from), {q, k, v});
 }
 
 mx::array host_swiglu(const mx::array &g, const mx::array &x) {
@@ -128,5 +210,7 @@ NB_MODULE(mlxspec_mlx_ops, m) {
     nb::module_::import_("mlx.core");  // MLX's array type, registered by its own bindings
     m.def("host_softmax", &host_softmax, nb::arg("scores"), nb::arg("q_rows"), nb::arg("causal_from"));
     m.def("host_swiglu", &host_swiglu, nb::arg("gate"), nb::arg("x"));
+    m.def("host_attention", &host_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
+          nb::arg("causal_from"));
     m.def("lanes", []() { return mlxspec_math_lanes(); });
 }

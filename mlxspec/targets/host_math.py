@@ -122,6 +122,9 @@ def _host_sdpa(q, k, v, scale, mask):
     B, Hq, L, D = q.shape
     Hk, kL = k.shape[1], k.shape[2]
     rep = Hq // Hk
+    ops = _ops()
+    if ops is not None and (mask is None or isinstance(mask, str)):  # the whole fallback as one op
+        return ops.host_attention(q, k, v, float(scale), max(kL - L, 0) if mask == "causal" else -1)
     qs = mx.array(scale, q.dtype) * q
     if rep > 1:
         qs = qs.reshape(B, Hk, rep, L, D)
@@ -181,6 +184,9 @@ def _cases():
         cases.append((q, k, v, mx.array(keep)))
         cases.append((q, k, v, mx.array(np.where(keep, 0.0, -np.inf).astype(np.float32))))
         cases.append((q, k, v, mx.array(np.broadcast_to(keep, (1, hq, L, kL)).copy())))
+        cases.append((q, k, v, None))
+        kb, vb = arr(1, hk, kL + 7, 64), arr(1, hk, kL + 7, 64)  # a cache's slices: rows at their stride
+        cases.append((q, kb[:, :, :kL], vb[:, :, :kL], "causal"))
     return cases
 
 
