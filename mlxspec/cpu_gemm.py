@@ -50,11 +50,8 @@ NO_SIMD = "this CPU has neither AVX-512F nor AVX2 with FMA"
 def has_simd() -> bool:
     """Whether this CPU has what the small GEMM computes with: AVX-512F (16 lanes) or AVX2 with
     FMA (8 lanes; an AMD EPYC without AVX-512, seen here 2026-12-04)."""
-    flags = _cpu_flags().split()
+    flags = cpu_flags().split()
     return "avx512f" in flags or ("avx2" in flags and "fma" in flags)
-
-
-_cpu_flags = cpu_flags
 
 
 def build(out_dir: Path | None = None, cc: str | None = None, source: Path = SOURCE,
@@ -66,7 +63,7 @@ def build(out_dir: Path | None = None, cc: str | None = None, source: Path = SOU
 
     state = _STATE if state is None else state
     cc = cc or os.environ.get("CC") or "cc"
-    key = hashlib.sha1(source.read_bytes() + " ".join(flags).encode() + _cpu_flags().encode()
+    key = hashlib.sha1(source.read_bytes() + " ".join(flags).encode() + cpu_flags().encode()
                        + platform.machine().encode()).hexdigest()[:16]
     out_dir = Path(out_dir) if out_dir else cache_dir() / "native"
     lib = out_dir / f"{source.stem}-{key}.so"

@@ -1,5 +1,6 @@
 """mlxspec's MLX primitives for the CPU (`mlxspec/cpu/mlx_ops.cpp`): MLX's softmax with the causal
-mask, and mlx-lm's SwiGLU, computed by `mlxspec/cpu/mlx_math.c` inside MLX's graph.
+mask, MLX's attention fallback with a causal mask or none, and mlx-lm's SwiGLU, computed by
+`mlxspec/cpu/mlx_math.c` (and the cblas_sgemm MLX's matmul calls) inside MLX's graph.
 
 `mlxspec.targets.host_math` computes both with MLX's own numbers, 16 lanes at a time. Called from
 Python, each needed the graph evaluated up to it (a layer's graph cut in two, ~100-200 us on this

@@ -9,13 +9,13 @@ from test_targets import PROMPT
 from test_tree_forward import PARENTS, TOKENS
 from tiny_targets import ARCHS, tiny_target
 
-from mlxspec import cpu_gemm
+from mlxspec import cpu_gemm, device
 from mlxspec.targets import host_math
 from mlxspec.targets.model import trim_cache
 from mlxspec.targets.tree import tree_support
 
 LOWEST = np.finfo(np.float32).min
-FLAGS = set(cpu_gemm._cpu_flags().split())
+FLAGS = set(device.cpu_flags().split())
 NATIVE_LANES = 16 if "avx512f" in FLAGS else 8 if {"avx2", "fma"} <= FLAGS else 1
 
 

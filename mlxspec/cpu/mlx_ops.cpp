@@ -1,8 +1,9 @@
 // The host math of mlxspec.targets.host_math as MLX primitives: MLX's softmax (with the causal
-// mask) and mlx-lm's SwiGLU, computed by mlx_math.c (MLX's own arithmetic, 16 lanes) on MLX's CPU
-// stream inside the graph. As Python callbacks they needed the graph evaluated up to them (a
-// layer's graph cut in two, ~100-200 us here); as primitives they are two more ops. Built by
-// mlxspec.cpu_ops against the MLX wheel's headers and nanobind (the ABI MLX's own bindings use).
+// mask), its attention fallback around it, and mlx-lm's SwiGLU, computed by mlx_math.c (MLX's own
+// arithmetic, 16 lanes) on MLX's CPU stream inside the graph. As Python callbacks they needed the
+// graph evaluated up to them (a layer's graph cut in two, ~100-200 us here); as primitives they
+// are ops like MLX's. Built by mlxspec.cpu_ops against the MLX wheel's headers and nanobind (the
+// ABI MLX's own bindings use).
 #include <nanobind/nanobind.h>
 
 #include <cstring>
@@ -47,25 +48,34 @@ const float *row_major(const mx::array &in, std::vector<float> &tmp) {
     return tmp.data();
 }
 
+// A primitive's eval_cpu: `out` allocated, then f(inputs, out) run on the CPU stream `s` after the
+// work that produces the inputs (MLX's own CPU primitives dispatch the same way)
+template <class F>
+void dispatch(mx::Stream s, const std::vector<mx::array> &inputs, mx::array &out, F f) {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto &enc = mx::cpu::get_command_encoder(s);
+    std::vector<mx::array> in;
+    for (auto &a : inputs) {
+        enc.set_input_array(a);
+        in.push_back(mx::array::unsafe_weak_copy(a));
+    }
+    enc.set_output_array(out);
+    enc.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), f]() mutable { f(in, out); });
+}
+
 class HostSoftmax : public mx::UnaryPrimitive {
    public:
     HostSoftmax(mx::Stream s, int q_rows, int causal_from)
         : mx::UnaryPrimitive(s), q_rows_(q_rows), causal_from_(causal_from) {}
 
     void eval_cpu(const std::vector<mx::array> &inputs, mx::array &out) override {
-        const mx::array &in = inputs[0];
-        out.set_data(mx::allocator::malloc(out.nbytes()));
-        auto &enc = mx::cpu::get_command_encoder(stream());
-        enc.set_input_array(in);
-        enc.set_output_array(out);
-        enc.dispatch([in = mx::array::unsafe_weak_copy(in), out = mx::array::unsafe_weak_copy(out),
-                      q = q_rows_, c = causal_from_]() mutable {
+        dispatch(stream(), inputs, out, [q = q_rows_, c = causal_from_](std::vector<mx::array> &in, mx::array &o) {
             std::vector<float> tmp;
-            const float *src = row_major(in, tmp);
-            float *dst = out.data<float>();
-            std::memcpy(dst, src, in.nbytes());
-            long n = in.shape(-1);
-            mlxspec_softmax_rows(dst, (long)(in.size() / n), n, q, c);
+            const float *src = row_major(in[0], tmp);
+            float *dst = o.data<float>();
+            std::memcpy(dst, src, in[0].nbytes());
+            long n = in[0].shape(-1);
+            mlxspec_softmax_rows(dst, (long)(in[0].size() / n), n, q, c);
         });
     }
     void eval_gpu(const std::vector<mx::array> &, mx::array &) override {
@@ -86,16 +96,9 @@ class HostSwiglu : public mx::UnaryPrimitive {
     explicit HostSwiglu(mx::Stream s) : mx::UnaryPrimitive(s) {}
 
     void eval_cpu(const std::vector<mx::array> &inputs, mx::array &out) override {
-        const mx::array &g = inputs[0], &x = inputs[1];
-        out.set_data(mx::allocator::malloc(out.nbytes()));
-        auto &enc = mx::cpu::get_command_encoder(stream());
-        enc.set_input_array(g);
-        enc.set_input_array(x);
-        enc.set_output_array(out);
-        enc.dispatch([g = mx::array::unsafe_weak_copy(g), x = mx::array::unsafe_weak_copy(x),
-                      out = mx::array::unsafe_weak_copy(out)]() mutable {
+        dispatch(stream(), inputs, out, [](std::vector<mx::array> &in, mx::array &o) {
             std::vector<float> tg, tx;
-            mlxspec_swiglu(row_major(g, tg), row_major(x, tx), out.data<float>(), (long)out.size());
+            mlxspec_swiglu(row_major(in[0], tg), row_major(in[1], tx), o.data<float>(), (long)o.size());
         });
     }
     void eval_gpu(const std::vector<mx::array> &, mx::array &) override {
@@ -115,13 +118,9 @@ class HostAttention : public mx::UnaryPrimitive {
         : mx::UnaryPrimitive(s), scale_(scale), causal_from_(causal_from) {}
 
     void eval_cpu(const std::vector<mx::array> &inputs, mx::array &out) override {
-        out.set_data(mx::allocator::malloc(out.nbytes()));
-        auto &enc = mx::cpu::get_command_encoder(stream());
-        for (auto &a : inputs) enc.set_input_array(a);
-        enc.set_output_array(out);
-        enc.dispatch([q = mx::array::unsafe_weak_copy(inputs[0]), k = mx::array::unsafe_weak_copy(inputs[1]),
-                      v = mx::array::unsafe_weak_copy(inputs[2]), out = mx::array::unsafe_weak_copy(out),
-                      scale = scale_, causal = causal_from_]() mutable {
+        dispatch(stream(), inputs, out, [scale = scale_, causal = causal_from_](std::vector<mx::array> &in,
+                                                                               mx::array &out) {
+            const mx::array &q = in[0], &k = in[1], &v = in[2];
             int B = q.shape(0), Hq = q.shape(1), L = q.shape(2), D = q.shape(3);
             int Hk = k.shape(1), kL = k.shape(2), rep = Hq / Hk;
             std::vector<float> tq, qs((size_t)B * Hq * L * D), scores((size_t)B * Hq * L * kL);

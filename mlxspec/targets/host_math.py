@@ -7,12 +7,17 @@ grows with the rows of a verify besides the GEMM: in SmolLM2-135M at a context o
 spend ~8 ms in the softmax and ~9 in the SwiGLU, 17 rows ~20 and ~21 (docs/cli.md).
 
 - Attention: on a CPU MLX computes `mx.fast.scaled_dot_product_attention` by its fallback:
-  q * scale, q @ k^T, the mask, a softmax, @ v. `exact_sdpa` builds the same graph from the same
-  MLX ops, except that the scores are evaluated and the softmax (with the causal mask) is
-  computed by `mlxspec/cpu/mlx_math.c`, which reproduces MLX's softmax and exp element for
-  element. The products stay MLX's (and the small GEMM's).
-- SwiGLU: `exact_swiglu` evaluates the gate and up projections and computes silu(g) * x there,
-  with MLX's Sigmoid and exp, rounded as the compiled kernel rounds.
+  q * scale, q @ k^T, the mask, a softmax, @ v. `exact_sdpa` computes the same, with the softmax
+  (and the causal mask) by `mlxspec/cpu/mlx_math.c`, which reproduces MLX's softmax and exp
+  element for element. The products stay the ones MLX's matmul computes (the small GEMM's or
+  OpenBLAS's).
+- SwiGLU: `exact_swiglu` computes silu(g) * x there, with MLX's Sigmoid and exp, rounded as the
+  compiled kernel rounds.
+
+Where `mlxspec.cpu_ops` builds (the default on x86-64 Linux), both run as MLX primitives inside
+the graph, at every size: the attention with a causal mask or none as one op, other masks as
+MLX's ops around the softmax primitive. Otherwise the C runs between two evaluations of the graph
+(a cut that costs ~100-200 us a layer here), only from the sizes below.
 
 So the logits are the ones mlx-lm's forward gives, bit for bit, which `check()` verifies in each
 process before the first use (against `mx.fast` and mlx-lm's `swiglu` themselves: GQA and MHA,
@@ -34,6 +39,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 from mlx_lm.models.activations import swiglu
+
+from mlxspec import cpu_ops
 
 SOURCE = Path(__file__).resolve().parents[1] / "cpu" / "mlx_math.c"
 # scores per call (heads x query rows x keys) from which the host softmax is used, and SwiGLU
@@ -74,11 +81,7 @@ def _lib():
 def _ops():
     """mlxspec's MLX primitives (`mlxspec.cpu_ops`: the same C inside MLX's graph, no evaluation
     to wait for), or None: then the host computes between two evaluations."""
-    if _lib() is None:
-        return None
-    from mlxspec import cpu_ops
-
-    return cpu_ops.module()
+    return None if _lib() is None else cpu_ops.module()
 
 
 def in_graph() -> bool:
@@ -118,7 +121,8 @@ def exact_sdpa(q, k, v, *, scale, mask=None, sinks=None, **kw):
 
 
 def _host_sdpa(q, k, v, scale, mask):
-    """MLX's fallback, op for op, with the scores evaluated and softmaxed on the host."""
+    """MLX's fallback with the softmax in C: one primitive (causal or no mask), or MLX's ops around
+    the softmax primitive, or the scores evaluated and softmaxed between two evaluations."""
     B, Hq, L, D = q.shape
     Hk, kL = k.shape[1], k.shape[2]
     rep = Hq // Hk
@@ -139,7 +143,6 @@ def _host_sdpa(q, k, v, scale, mask):
             else scores + m
     elif mask == "causal":
         causal = max(kL - L, 0)
-    ops = _ops()
     if ops is not None:  # in MLX's graph, on its CPU stream
         out = ops.host_softmax(scores, L, causal) @ v
     else:
@@ -150,7 +153,8 @@ def _host_sdpa(q, k, v, scale, mask):
 
 
 def exact_swiglu(gate, x):
-    """mlx-lm's `swiglu(gate, x)` = silu(gate) * x, computed on the host where it pays."""
+    """mlx-lm's `swiglu(gate, x)` = silu(gate) * x in C: always as a primitive, from
+    SWIGLU_MIN_ELEMENTS between evaluations."""
     if not (gate.dtype == x.dtype == mx.float32 and gate.shape == x.shape
             and (in_graph() or gate.size >= SWIGLU_MIN_ELEMENTS)):
         return _SWIGLU(gate, x)
@@ -245,9 +249,10 @@ def _swiglu_users() -> list:
 def installed(rows: int = 2, keys: int = 0):
     """Inside (where `usable()`), `mx.fast.scaled_dot_product_attention` is `exact_sdpa` and the
     mlx-lm model modules' `swiglu` is `exact_swiglu`, for a forward of `rows` query rows over
-    `keys` keys. Not for one row under 1,024 keys, so a short decode step pays no call of ours
-    per layer; a one-row step over more keys is installed but only an MLP as wide as
-    SWIGLU_MIN_ELEMENTS takes over in it (the softmax needs 2+ rows, `_eligible`)."""
+    `keys` keys. As primitives, always; between evaluations, not for one row under 1,024 keys,
+    so a short decode step pays no call of ours per layer (a one-row step over more keys is
+    installed but only an MLP as wide as SWIGLU_MIN_ELEMENTS takes over in it: there the softmax
+    needs 2+ rows, `_eligible`)."""
     if (rows < 2 and keys < 1024 and not in_graph()) or not usable() \
             or mx.fast.scaled_dot_product_attention is exact_sdpa:
         yield
@@ -268,8 +273,6 @@ def status() -> str:
     """One line for `mlxspec doctor` / the init line."""
     if usable():
         lanes = int(_STATE["lib"].mlxspec_math_lanes())
-        from mlxspec import cpu_ops
-
         how = "MLX primitives" if in_graph() else f"between evaluations: {cpu_ops.why()}"
         return f"host softmax and SwiGLU: on ({lanes} lanes, {how}; equal to MLX's bit for bit)"
     if mx.default_device() != mx.cpu:
