@@ -530,6 +530,7 @@ def make_policy(target: Target, drafter, spec: Speculator, temp: float = 0.0) ->
         key = "greedy" if temp == 0 else f"temp={temp:g}"
         base = spec.memory.policy(key, lambda: VerifyPolicy.from_profile(profile_for(target, drafter), drafter.max_drafts,
                                                                 chain=bool(getattr(drafter, "chain", False)),
+                                                                stops_early=bool(getattr(drafter, "stops_early", False)),
                                                                 model_cap=getattr(drafter, "model_max", None)))
     else:
         base = FixedLength(spec.num_draft_tokens)

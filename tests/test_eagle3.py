@@ -30,7 +30,7 @@ from mlxspec.engine import loop as engine
 from mlxspec.engine.eagle3 import Eagle3Drafter
 from mlxspec.engine.loop import SpecStats
 from mlxspec.engine.ngram import LookupBlockDrafter
-from mlxspec.engine.policy import VerifyPolicy
+from mlxspec.engine.policy import Source, VerifyPolicy
 from mlxspec.engine.verify import SamplingParams
 from mlxspec.errors import MlxspecError
 from mlxspec.targets.model import Target
@@ -451,7 +451,7 @@ def test_a_long_backlog_is_caught_up_outside_the_draft_time(llama):
     drafter out). Catching up changes no draft: tokens and logits equal the lazy drafter's, for
     the chain drafter and a block drafter, and the output is the target's."""
     from mlxspec.engine.drafting import BlockDrafter, catch_up
-    from mlxspec.engine.policy import Plan, Source
+    from mlxspec.engine.policy import Plan
     from test_engine import random_drafter
 
     cfg = eagle3_config()
@@ -496,6 +496,64 @@ def test_a_long_backlog_is_caught_up_outside_the_draft_time(llama):
     assert seen[:1] == [12]  # the first draft after the stretch caught up its 12 pairs first
 
 
+def test_drafts_carry_confidences_and_a_stopped_chain_is_a_prefix(llama):
+    """Each draft's confidence is the drafter's probability of the token it drafted (greedy: its
+    top probability, from the draft logits); a chain stopped by `more` is a prefix of the full
+    one, and `more` saw the confidences of exactly the drafts made."""
+    cfg = eagle3_config(draft_vocab_size=48)
+    d = Eagle3Drafter(random_eagle3(cfg, seed=5), cfg, llama, max_drafts=6)
+    ids = [4, 8, 15, 16, 23]
+    _, taps = llama(mx.array([ids]), llama.make_cache(), taps=d.taps)
+    d.begin(ids, taps)
+    full = d.draft(42, 6, GREEDY, np.random.default_rng(0))
+    z = np.asarray(full.logits, np.float64)
+    top = np.exp(z.max(-1) - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1)) - z.max(-1))
+    assert len(full.confidence) == 6 and np.allclose(full.confidence, top, atol=1e-5)
+    seen = []
+    part = d.draft(42, 6, GREEDY, np.random.default_rng(0), more=lambda c: (seen.append(list(c)), len(c) < 3)[1])
+    assert part.tokens == full.tokens[:3] and np.allclose(part.confidence, full.confidence[:3], atol=1e-6)
+    assert [len(c) for c in seen] == [1, 2, 3] and np.allclose(seen[-1], full.confidence[:3], atol=1e-6)
+    assert d.committed == 5  # the stopped chain left only the committed pairs
+
+
+def test_the_policy_stops_a_chain_by_its_confidences():
+    """`keep_drafting`: with one forward per draft, drafting on pays while the calibrated
+    confidences so far and the estimates beyond them say a longer verify gains more than it
+    costs. Cheap drafts and free verify rows: always on; a confident chain goes on where an
+    unconfident one stops; never past the planned length."""
+    flat = VerifyPolicy([1.0] * 8, 7, chain=True, stops_early=True)
+    flat.draft_time[Source.DRAFTER] = 0.0
+    assert flat.stops_early and flat.keep_drafting([0.5], 7) and not flat.keep_drafting([0.9] * 7, 7)
+    vt = [1.0, 1.0, 1.05, 1.1, 1.15, 1.2, 1.25, 1.3]
+    p, q = (VerifyPolicy(vt, 7, chain=True, stops_early=s) for s in (True, False))
+    for pol in (p, q):
+        pol.draft_time[Source.DRAFTER] = 0.06
+        for _ in range(20):  # a drafter right 3 times in 3
+            pol.observe(Source.DRAFTER, 3, 3)
+    assert p.keep_drafting([0.95, 0.95], 7) and not p.keep_drafting([0.95, 0.05], 7)
+    assert not p.keep_drafting([0.95, 0.95], 2)  # the cap
+    assert not VerifyPolicy([1.0] * 8, 7, chain=False, stops_early=True).stops_early  # chains only
+
+
+def test_stopping_early_keeps_greedy_output_and_drafts_less(llama):
+    """The adaptive policy asks the EAGLE-3 chain for its cap and stops it by its confidences:
+    the output is the target's (a logit-lens drafter, whose chains are often kept, and a random
+    one), and chains stopped at different lengths."""
+    target = tiny_target("llama", seed=0, vocab=8)
+    cfg = eagle3_config(vocab_size=8, draft_vocab_size=6)
+    ids = [int(x) for x in np.random.default_rng(0).integers(0, 8, 10)]
+    ar = run(target, ids, max_tokens=40)
+    for model in (random_eagle3(cfg, seed=3), lens_drafter(target, cfg)):
+        d = Eagle3Drafter(model, cfg, target, max_drafts=5)
+        pol = VerifyPolicy([1.0, 1.02, 1.04, 1.06, 1.08, 1.1], 5, chain=True, stops_early=True)
+        pol.draft_time[Source.DRAFTER] = 0.03
+        drafted = []
+        real = d.draft
+        d.draft = lambda *a, **k: (o := real(*a, **k), drafted.append(len(o.tokens)))[0]
+        assert run(target, ids, d, max_tokens=40, policy=pol) == ar
+        assert drafted and len(set(drafted)) > 1, drafted
+
+
 # ----------------------------------------------------------------------------- sampling is lossless
 
 def test_sampling_is_lossless_and_the_check_catches_a_wrong_rule(monkeypatch):
@@ -515,6 +573,39 @@ def test_sampling_is_lossless_and_the_check_catches_a_wrong_rule(monkeypatch):
     assert max(stats.accepted_at[1:] or [0]) > 0  # and chains were kept past their first token
     monkeypatch.setattr(engine, "accept_sampled", accept_everything)
     wrong = distribution_check(sample_many(target, lambda: Eagle3Drafter(m, cfg, target), sp, 400), exact)
+    assert any(t > b for t, b in wrong.values()), f"the check missed a wrong acceptance rule: {wrong}"
+
+
+def test_sampling_with_chains_stopped_by_confidence_is_lossless(monkeypatch):
+    """Stopping a sampled chain as its confidences come in (the drawn tokens' probabilities) is
+    a stopping rule: the target's exact distribution of 4 tokens within the TV bound, with
+    chains stopped at different lengths, and the check catches a wrong acceptance rule."""
+    target = tiny_llama(1)
+    cfg = eagle3_config(vocab_size=V, draft_vocab_size=6, target_layer_ids=(0,), head_dim=8, hidden_size=32)
+    m = random_eagle3(cfg, seed=6, scale=0.4)
+    sp = SamplingParams(temperature=1.0)
+    exact = exact_distribution(target, TINY_PROMPT, sp, N_TOKENS)
+    lengths = []
+
+    def sample(n):
+        out = []
+        for seed in range(n):
+            d = Eagle3Drafter(m, cfg, target, max_drafts=3)
+            real = d.draft
+            d.draft = lambda *a, **k: (o := real(*a, **k), lengths.append(len(o.tokens)))[0]
+            pol = VerifyPolicy([1.0, 1.0, 1.0, 1.0], 3, chain=True, stops_early=True)
+            pol.draft_time[Source.DRAFTER] = 0.2  # a first draft below ~0.29 stops the chain of 3
+            for _ in range(10):
+                pol.observe(Source.DRAFTER, 3, 3)
+            out.append(run(target, TINY_PROMPT, d, max_tokens=N_TOKENS, sampling=sp, seed=seed, policy=pol))
+        return np.array(out)
+
+    res = distribution_check(sample(1500), exact)
+    bad = {k: v for k, v in res.items() if v[0] > v[1]}
+    assert not bad, f"speculative sampling differs from the target's distribution: {bad}"
+    assert len(set(lengths)) > 1, set(lengths)
+    monkeypatch.setattr(engine, "accept_sampled", accept_everything)
+    wrong = distribution_check(sample(400), exact)
     assert any(t > b for t, b in wrong.values()), f"the check missed a wrong acceptance rule: {wrong}"
 
 

@@ -510,7 +510,7 @@ def test_lookup_beside_a_drafter_proposes_past_the_drafters_length_and_the_draft
     assert (d.max_drafts, d.model_max) == (16, 7)
     asked, proposed = [], []
     inner, look = d.block.draft, d.lookup
-    d.block.draft = lambda anchor, n, sp, rng: asked.append(n) or inner(anchor, n, sp, rng)
+    d.block.draft = lambda anchor, n, sp, rng, **kw: asked.append(n) or inner(anchor, n, sp, rng, **kw)
     d.lookup = lambda anchor, n: (lambda r: proposed.append(len(r[0])) or r)(look(anchor, n))
     assert [t for s in spec.session(target, ids, max_tokens=40, drafter=d) for t in s] == ar
     assert max(proposed) > 7 and (not asked or max(asked) <= 7), (proposed, asked)

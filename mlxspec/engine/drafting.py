@@ -41,7 +41,7 @@ from mlxspec.targets.model import Target, target_head_rows, trim_cache
 class DraftOutput:
     tokens: list  # target-vocabulary ids, len n
     probs: mx.array | np.ndarray | None  # [n, V_target] draft distributions (sampling only; read with np.asarray)
-    confidence: list | None  # per-position confidences (DSpark with confidence head)
+    confidence: list | None  # per-position confidences (DSpark's confidence head; EAGLE-3's draft probabilities)
     logits: mx.array | None = None  # [n, V_draft] Markov-corrected logits (debug/tests)
 
 
@@ -51,6 +51,9 @@ class Drafter(Protocol):
     max_drafts: int
     proposes_model_drafts: bool  # optional, default True
     has_lookup: bool  # optional, default False; True: lookup(anchor, n) -> (tokens, match length)
+    # optional, default False; True: draft(..., more=f) calls f(confidences so far) after each
+    # draft and stops the chain when it returns False (a chain drafter, EAGLE-3)
+    stops_early: bool
 
     def begin(self, prompt_ids: list[int], prompt_taps: mx.array | None) -> None: ...
 

@@ -44,6 +44,7 @@ DRAFT_SHARPEN = 1.0  # sampled drafts: the drafter's temperature over the reques
 class Eagle3Drafter:
     proposes_model_drafts, has_lookup = True, False
     chain = True  # drafting cost grows with the number of drafts (one drafter forward each)
+    stops_early = True  # draft(..., more=) reports each draft's confidence and can stop the chain
 
     def __init__(self, model: Eagle3Model, cfg: Eagle3Config, target: Target, max_drafts: int | None = None,
                  dtype=None):
@@ -151,35 +152,56 @@ class Eagle3Drafter:
     def to_target(self, ids: mx.array) -> mx.array:
         return ids if self.d2t is None else self.d2t[ids]
 
-    def draft(self, anchor: int, n: int, sp: SamplingParams, rng: np.random.Generator) -> DraftOutput:
+    def draft(self, anchor: int, n: int, sp: SamplingParams, rng: np.random.Generator, more=None) -> DraftOutput:
+        """Up to n drafts after `anchor`, each with its confidence: the drafter's probability of
+        the token it drafted (greedy: its top probability; sampled: the drawn token's
+        probability under the proposal). more(confidences so far) -> False stops the chain
+        after that draft (a stopping rule: it sees only the drafts made, so sampling stays
+        lossless); None drafts all n, built lazily and evaluated once."""
         n = min(n, self.max_drafts)
         self._commit(anchor)
         if n <= 0 or self._last_h is None:
             return DraftOutput([], None, None)
         base = self.committed
         h = self._last_h
-        toks, zs, qs = [], [], []
+        toks, zs, qs, cs, conf = [], [], [], [], []
         sq = self.proposal_sampling(sp)
         for k in range(n):
             z = self.logits(h)[0]  # [1, Vd]
             zs.append(z)
             if sp.greedy:
                 d = mx.argmax(z, axis=-1)
+                cs.append(mx.exp(mx.max(z, axis=-1) - mx.logsumexp(z, axis=-1)))
             else:  # drawn on the host from numpy's softmax, the distribution verification reads
                 q = target_probs(z, sq)
-                d = mx.array([sample_token(q[0], rng)])
+                i = sample_token(q[0], rng)
+                d = mx.array([i])
                 qs.append(q)
+                conf.append(float(q[0, i]))
             t = self.to_target(d)
             toks.append(t)
-            if k < n - 1:
-                h = self._step(self.embed(t[None]).astype(h.dtype), self.model.feedback(h))
+            if k == n - 1:
+                break
+            if more is not None and sp.greedy:
+                mx.async_eval(cs[-1], t)  # computed while the next row's graph is built
+            nxt = self._step(self.embed(t[None]).astype(h.dtype), self.model.feedback(h))
+            if more is not None:
+                if sp.greedy:
+                    conf.append(float(cs[-1].item()))
+                if not more(conf):
+                    break
+            h = nxt
         for c in self.cache:
             c.truncate(base)
         tok_arr, z_all = mx.concatenate(toks), mx.concatenate(zs)
-        mx.eval(tok_arr, z_all)
+        if sp.greedy:
+            c_all = mx.concatenate(cs)
+            mx.eval(tok_arr, z_all, c_all)
+            conf = c_all.tolist()
+        else:
+            mx.eval(tok_arr, z_all)
         probs = scatter_draft_host(np.concatenate(qs), self._d2t_np, self.target.info.vocab_size) if qs else None
-        return DraftOutput(tok_arr.tolist(), probs, None, z_all)
-
+        return DraftOutput(tok_arr.tolist(), probs, conf, z_all)
 
     def draft_tree(self, tree: DraftTree, depth: int, width: int, sp: SamplingParams, rng: np.random.Generator,
                    p: np.ndarray, more=None) -> int:

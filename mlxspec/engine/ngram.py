@@ -170,6 +170,7 @@ class LookupBlockDrafter:
         self.model_max = block.max_drafts
         self.max_drafts = max(block.max_drafts, int(lookup_max))
         self.chain = bool(getattr(block, "chain", False))  # a chain drafter's cost is per draft (policy)
+        self.stops_early = bool(getattr(block, "stops_early", False))  # it can be stopped as it drafts
         self.vocab_size = vocab_size
 
     @property
@@ -187,5 +188,5 @@ class LookupBlockDrafter:
     def lookup(self, anchor: int, n: int) -> tuple[list[int], int]:
         return self.index.propose(anchor, min(n, self.max_drafts))
 
-    def draft(self, anchor, n, sp, rng) -> DraftOutput:
-        return self.block.draft(anchor, min(n, self.model_max), sp, rng)
+    def draft(self, anchor, n, sp, rng, **kw) -> DraftOutput:
+        return self.block.draft(anchor, min(n, self.model_max), sp, rng, **kw)

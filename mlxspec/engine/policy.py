@@ -8,7 +8,10 @@ where t_verify(L) is the measured cost of a target forward over L tokens (the pe
 profile, `profile.py`), t_draft the drafter's measured cost, and p_i the conditional
 probability that draft i is accepted given drafts 1..i-1 were. p_i comes from a running
 per-position estimate (this request's verified drafts, with forgetting) and, where the
-drafter has a confidence head, from its confidences calibrated against what was accepted.
+drafts carry confidences (DSpark's confidence head; EAGLE-3's probability of each token it
+drafts), from those calibrated against what was accepted. A chain drafter that reports them as
+it drafts (EAGLE-3) is stopped before the planned length where they say the rest will not pay
+(`VerifyPolicy.keep_drafting`).
 
 l = 0 is a plain autoregressive step with no draft forward at all; it wins whenever
 drafting cannot pay. While it wins, a probe draft runs now and then (with back-off) so the
@@ -301,7 +304,7 @@ class VerifyPolicy:
 
     def __init__(self, verify_time: Sequence[float], max_drafts: int, probe_every: int = 4, max_probe_every: int = 64,
                  decay: float = 0.95, cost_decay: float = 0.97, cost_prior: float = 1.0, cost_probe_weight: float = 0.3,
-                 chain: bool = False, model_cap: int | None = None, probe_z: float = 1.0):
+                 chain: bool = False, model_cap: int | None = None, probe_z: float = 1.0, stops_early: bool = False):
         # model_cap: the model drafter's most drafts where a lookup beside it may propose more
         # (max_drafts); None: max_drafts
         self.model_cap = max_drafts if model_cap is None else min(int(model_cap), max_drafts)
@@ -309,6 +312,10 @@ class VerifyPolicy:
         # token and the plan drafts only as many as pay; a block drafter's forward costs the
         # same whatever the length, so it drafts the whole block and truncates afterwards
         self.chain, self.last_drafted = chain, 0
+        # stops_early: a chain drafter that reports each draft's confidence as it drafts
+        # (EAGLE-3): `keep_drafting` stops its chain before the planned length where they say
+        # the rest will not pay
+        self.stops_early = chain and stops_early
         vt = np.maximum.accumulate(np.asarray(verify_time, dtype=np.float64))  # cost never falls with length
         self.base_verify_time = [float(x) for x in vt]
         self.verify_scale: float | None = None  # observed / profiled verify time (machine load now)
@@ -435,7 +442,8 @@ class VerifyPolicy:
             if self.chain:  # draft_time is per drafted token: draft only the length that pays
                 l, r = best_length(self.estimate(Source.DRAFTER).p(), self.verify_time, 0.0, m_cap, dt)
                 # a probe drafts what it will verify: the length that pays, at least one (each
-                # draft is a forward; 7 drafted for 1 verified cost a chain drafter 6 forwards a probe)
+                # draft is a forward; 7 drafted for 1 verified cost a chain drafter 6 forwards a probe).
+                # A drafter whose drafts carry confidences may be stopped sooner (`keep_drafting`)
                 options.append((r if l > 0 else 0.0, Plan(Source.DRAFTER, l), max(l, 1)))
             else:
                 l, r = best_length(self.estimate(Source.DRAFTER).p(), self.verify_time, dt, m_cap)
@@ -455,6 +463,29 @@ class VerifyPolicy:
         self.last_probe = best.probe
         self.last_drafted = best.n if best.source.kind is Kind.DRAFTER else 0
         return best
+
+    def keep_drafting(self, confidence: Sequence[float], cap: int) -> bool:
+        """While a chain drafter drafts (`stops_early`): whether one more draft pays, from the
+        calibrated confidences of the drafts made so far (known p) and the running per-position
+        estimate beyond them. Drafting on wins when the best length past them, paying a forward
+        per further draft, beats the best length among them (whose drafting is paid). It reads
+        only the drafts made, so it is a stopping rule: lossless under sampling too."""
+        k = len(confidence)
+        cap = min(cap, self.model_cap, len(self.verify_time) - 1)
+        if k >= cap:
+            return False
+        known = self.calib.setdefault(Source.DRAFTER, Calibration()).apply(confidence)
+        prior = self.estimate(Source.DRAFTER).p()
+        vt, dt = self.verify_time, self.draft_time.get(Source.DRAFTER, 0.0)
+        stop, go, e, surv = 1.0 / vt[0], 0.0, 1.0, 1.0
+        for l in range(1, cap + 1):
+            surv *= float(known[l - 1] if l <= k else prior[l - 1])
+            e += surv
+            if l <= k:
+                stop = max(stop, e / vt[l])
+            else:
+                go = max(go, e / (vt[l] + dt * (l - k)))
+        return go > stop * (1 + 1e-9)
 
     def truncate(self, source: str | Source, n: int, confidence: Sequence[float] | None, greedy: bool) -> int:
         """After drafting: how many of the n drafts to verify (a probe verifies at least one;

@@ -43,7 +43,9 @@ def propose(drafter, policy: LengthPolicy, anchor: int, n: int, sampling: Sampli
         d = lookup_output(lookup[: plan.n], sampling, vocab_size)
     elif plan.source.kind is Kind.DRAFTER and plan.n > 0:
         owed = catch_up(drafter)  # earlier steps' deferred work: not this draft's cost
-        d = drafter.draft(anchor, plan.n, sampling, rng)
+        keep = getattr(policy, "keep_drafting", None) if getattr(policy, "stops_early", False) else None
+        d = drafter.draft(anchor, plan.n, sampling, rng) if keep is None else \
+            drafter.draft(anchor, plan.n, sampling, rng, more=lambda conf: keep(conf, plan.n))
     drafts = list(d.tokens[: plan.n]) if d else []
     t_drafted = time.perf_counter() - td - owed
     conf = d.confidence[: len(drafts)] if d is not None and d.confidence is not None and drafts else None
@@ -64,4 +66,5 @@ def record(stats, policy: LengthPolicy, pr: Proposal, accepted: int, verify_seco
         tally = stats.by_source.setdefault("lookup" if pr.source.is_lookup else "drafter", [0, 0])
         tally[0] += n
         tally[1] += accepted
-    policy.observe(pr.source, n, accepted, pr.conf, pr.t_drafted, verify_seconds)
+    drafted = len(pr.d.tokens) if pr.d is not None and pr.source.kind is Kind.DRAFTER else None
+    policy.observe(pr.source, n, accepted, pr.conf, pr.t_drafted, verify_seconds, drafted=drafted)
