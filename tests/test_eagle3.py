@@ -516,6 +516,24 @@ def test_drafts_carry_confidences_and_a_stopped_chain_is_a_prefix(llama):
     assert d.committed == 5  # the stopped chain left only the committed pairs
 
 
+def test_sampled_confidences_never_read_the_drawn_token(llama):
+    """Sampled, a draft's confidence is its row's top probability, read before the draw: the
+    policy may drop draft i on the confidences of rows <= i, and a confidence that depended on
+    the drawn token would make which tokens get verified depend on their values (lossy). Two
+    draws from the same row that differ in the token have the same confidence."""
+    cfg = eagle3_config(draft_vocab_size=48)
+    d = Eagle3Drafter(random_eagle3(cfg, seed=5, scale=0.05), cfg, llama, max_drafts=1)
+    ids = [4, 8, 15, 16, 23]
+    _, taps = llama(mx.array([ids]), llama.make_cache(), taps=d.taps)
+    d.begin(ids, taps)
+    sp = SamplingParams(temperature=1.0)
+    outs = [d.draft(42, 1, sp, np.random.default_rng(s)) for s in range(8)]
+    assert len({o.tokens[0] for o in outs}) > 1  # different tokens drawn
+    assert len({round(o.confidence[0], 7) for o in outs}) == 1
+    q = np.asarray(outs[0].probs)[0]
+    assert outs[0].confidence[0] == pytest.approx(float(q.max()), rel=1e-5)
+
+
 def test_the_policy_stops_a_chain_by_its_confidences():
     """`keep_drafting`: with one forward per draft, drafting on pays while the calibrated
     confidences so far and the estimates beyond them say a longer verify gains more than it
@@ -594,7 +612,7 @@ def test_sampling_with_chains_stopped_by_confidence_is_lossless(monkeypatch):
             real = d.draft
             d.draft = lambda *a, **k: (o := real(*a, **k), lengths.append(len(o.tokens)))[0]
             pol = VerifyPolicy([1.0, 1.0, 1.0, 1.0], 3, chain=True, stops_early=True)
-            pol.draft_time[Source.DRAFTER] = 0.2  # a first draft below ~0.29 stops the chain of 3
+            pol.draft_time[Source.DRAFTER] = 0.32  # a first row below ~0.55 stops the chain (of 2 here)
             for _ in range(10):
                 pol.observe(Source.DRAFTER, 3, 3)
             out.append(run(target, TINY_PROMPT, d, max_tokens=N_TOKENS, sampling=sp, seed=seed, policy=pol))

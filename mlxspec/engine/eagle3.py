@@ -153,11 +153,13 @@ class Eagle3Drafter:
         return ids if self.d2t is None else self.d2t[ids]
 
     def draft(self, anchor: int, n: int, sp: SamplingParams, rng: np.random.Generator, more=None) -> DraftOutput:
-        """Up to n drafts after `anchor`, each with its confidence: the drafter's probability of
-        the token it drafted (greedy: its top probability; sampled: the drawn token's
-        probability under the proposal). more(confidences so far) -> False stops the chain
-        after that draft (a stopping rule: it sees only the drafts made, so sampling stays
-        lossless); None drafts all n, built lazily and evaluated once."""
+        """Up to n drafts after `anchor`, each with its confidence: the drafter's top
+        probability at that row (greedy: the probability of the token it drafted). Sampled, it
+        is read from the row's distribution before the draw, never from the drawn token: the
+        policy may drop draft i on confidences of rows <= i, and a rule that looked at the
+        drawn token's own probability would verify some tokens more often than the proposal
+        draws them (lossy). more(confidences so far) -> False stops the chain after that draft;
+        None drafts all n, built lazily and evaluated once."""
         n = min(n, self.max_drafts)
         self._commit(anchor)
         if n <= 0 or self._last_h is None:
@@ -177,7 +179,7 @@ class Eagle3Drafter:
                 i = sample_token(q[0], rng)
                 d = mx.array([i])
                 qs.append(q)
-                conf.append(float(q[0, i]))
+                conf.append(float(q[0].max()))  # the row's, not the drawn token's (docstring)
             t = self.to_target(d)
             toks.append(t)
             if k == n - 1:
