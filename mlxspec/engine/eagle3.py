@@ -211,9 +211,11 @@ class Eagle3Drafter:
         `width` best children of every frontier node join the tree, and the `width` best new
         nodes (by path score) become the next frontier, run in ONE drafter forward whose tree
         mask lets each row see the committed pairs and its own ancestors' rows (position:
-        committed + depth - 1, as the chain). Scores: parent * p[depth - 1] * (q(x_r) / q(x_0))
-        greedy, * SIBLING_DECAY**r sampled (children drawn without replacement in draw order,
-        each recorded with the distribution it was drawn from). more(tree, new nodes) -> False
+        committed + depth - 1, as the chain). Scores: parent * q(x_r) greedy (the drafter's own
+        probability, calibrated as it is at every position of the chain:
+        scripts/confidence_calibration.py, as EAGLE-2 ranks its tree), parent * p[depth - 1] *
+        SIBLING_DECAY**r sampled (children drawn without replacement in draw order, each recorded
+        with the distribution it was drawn from; scored by rank, never by value). more(tree, new nodes) -> False
         stops the growth after a depth (`tree.newest_pays`: the budget would keep none of it).
         -> the depths drafted (drafter forwards run, the first pair's included)."""
         self._commit(tree.nodes[0].token)
@@ -226,8 +228,9 @@ class Eagle3Drafter:
         forwards = 0
         for d in range(depth):
             z = self.logits(mx.stack([h for _, h in frontier])[None])[0]  # [m, Vd]
-            if sp.greedy:  # the best `width` of each row, found on the device
+            if sp.greedy:  # the best `width` of each row, found on the device, and their probabilities
                 cand, qc = top_weights(z, width)
+                qc = qc * np.asarray(mx.exp(mx.max(z, axis=-1) - mx.logsumexp(z, axis=-1)))[:, None]
             else:  # on the host, as the chain's draws (`draft`)
                 q = target_probs(z, sq)
                 cand = top_candidates(q, width, rng)
@@ -238,8 +241,8 @@ class Eagle3Drafter:
             for j, (node, _) in enumerate(frontier):
                 ps = tree.nodes[node].score
                 for r in range(cand.shape[1]):
-                    rel = qc[j, r] / max(qc[j, 0], 1e-12) if sp.greedy else SIBLING_DECAY ** r
-                    k = tree.add(node, int(tgt[j, r]), ps * pd * rel, "drafter",
+                    cond = qc[j, r] if sp.greedy else pd * SIBLING_DECAY ** r
+                    k = tree.add(node, int(tgt[j, r]), ps * cond, "drafter",
                                  None if sp.greedy else qt[j], () if sp.greedy else tuple(int(t) for t in tgt[j, :r]))
                     children.append((k, j))
             if d == depth - 1 or (more is not None and not more(tree, [k for k, _ in children])):
