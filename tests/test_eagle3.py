@@ -507,7 +507,7 @@ def test_drafts_carry_confidences_and_a_stopped_chain_is_a_prefix(llama):
     d.begin(ids, taps)
     full = d.draft(42, 6, GREEDY, np.random.default_rng(0))
     z = np.asarray(full.logits, np.float64)
-    top = np.exp(z.max(-1) - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1)) - z.max(-1))
+    top = 1.0 / np.exp(z - z.max(-1, keepdims=True)).sum(-1)  # softmax at the row's argmax
     assert len(full.confidence) == 6 and np.allclose(full.confidence, top, atol=1e-5)
     seen = []
     part = d.draft(42, 6, GREEDY, np.random.default_rng(0), more=lambda c: (seen.append(list(c)), len(c) < 3)[1])
@@ -532,6 +532,19 @@ def test_sampled_confidences_never_read_the_drawn_token(llama):
     assert len({round(o.confidence[0], 7) for o in outs}) == 1
     q = np.asarray(outs[0].probs)[0]
     assert outs[0].confidence[0] == pytest.approx(float(q.max()), rel=1e-5)
+
+
+def record_lengths(d: Eagle3Drafter, lengths: list) -> Eagle3Drafter:
+    """d, with the length of every chain it drafts appended to `lengths`."""
+    real = d.draft
+
+    def draft(*a, **k):
+        out = real(*a, **k)
+        lengths.append(len(out.tokens))
+        return out
+
+    d.draft = draft
+    return d
 
 
 def test_the_policy_stops_a_chain_by_its_confidences():
@@ -562,12 +575,10 @@ def test_stopping_early_keeps_greedy_output_and_drafts_less(llama):
     ids = [int(x) for x in np.random.default_rng(0).integers(0, 8, 10)]
     ar = run(target, ids, max_tokens=40)
     for model in (random_eagle3(cfg, seed=3), lens_drafter(target, cfg)):
-        d = Eagle3Drafter(model, cfg, target, max_drafts=5)
+        drafted = []
+        d = record_lengths(Eagle3Drafter(model, cfg, target, max_drafts=5), drafted)
         pol = VerifyPolicy([1.0, 1.02, 1.04, 1.06, 1.08, 1.1], 5, chain=True, stops_early=True)
         pol.draft_time[Source.DRAFTER] = 0.03
-        drafted = []
-        real = d.draft
-        d.draft = lambda *a, **k: (o := real(*a, **k), drafted.append(len(o.tokens)))[0]
         assert run(target, ids, d, max_tokens=40, policy=pol) == ar
         assert drafted and len(set(drafted)) > 1, drafted
 
@@ -608,9 +619,7 @@ def test_sampling_with_chains_stopped_by_confidence_is_lossless(monkeypatch):
     def sample(n):
         out = []
         for seed in range(n):
-            d = Eagle3Drafter(m, cfg, target, max_drafts=3)
-            real = d.draft
-            d.draft = lambda *a, **k: (o := real(*a, **k), lengths.append(len(o.tokens)))[0]
+            d = record_lengths(Eagle3Drafter(m, cfg, target, max_drafts=3), lengths)
             pol = VerifyPolicy([1.0, 1.0, 1.0, 1.0], 3, chain=True, stops_early=True)
             pol.draft_time[Source.DRAFTER] = 0.32  # a first row below ~0.55 stops the chain (of 2 here)
             for _ in range(10):

@@ -41,6 +41,11 @@ from mlxspec.targets.model import Target, target_head_rows
 DRAFT_SHARPEN = 1.0  # sampled drafts: the drafter's temperature over the request's (module docstring)
 
 
+def top_probability(z: mx.array) -> mx.array:
+    """Each row's largest probability under softmax(z) [.., V] -> [..] (lazy, on the device)."""
+    return mx.exp(mx.max(z, axis=-1) - mx.logsumexp(z, axis=-1))
+
+
 class Eagle3Drafter:
     proposes_model_drafts, has_lookup = True, False
     chain = True  # drafting cost grows with the number of drafts (one drafter forward each)
@@ -173,7 +178,7 @@ class Eagle3Drafter:
             zs.append(z)
             if sp.greedy:
                 d = mx.argmax(z, axis=-1)
-                cs.append(mx.exp(mx.max(z, axis=-1) - mx.logsumexp(z, axis=-1)))
+                cs.append(top_probability(z))
             else:  # drawn on the host from numpy's softmax, the distribution verification reads
                 q = target_probs(z, sq)
                 i = sample_token(q[0], rng)
@@ -230,7 +235,7 @@ class Eagle3Drafter:
             z = self.logits(mx.stack([h for _, h in frontier])[None])[0]  # [m, Vd]
             if sp.greedy:  # the best `width` of each row, found on the device, and their probabilities
                 cand, qc = top_weights(z, width)
-                qc = qc * np.asarray(mx.exp(mx.max(z, axis=-1) - mx.logsumexp(z, axis=-1)))[:, None]
+                qc = qc * np.asarray(top_probability(z))[:, None]
             else:  # on the host, as the chain's draws (`draft`)
                 q = target_probs(z, sq)
                 cand = top_candidates(q, width, rng)

@@ -51,9 +51,10 @@ def expected_tokens(p: Sequence[float], l: int) -> float:
 
 
 def best_length(p: Sequence[float], verify_time: Sequence[float], draft_time: float, max_len: int,
-                per_draft: float = 0.0) -> tuple[int, float]:
+                per_draft: float = 0.0, paid: int = 0) -> tuple[int, float]:
     """argmax_l rate(l) over l = 0..max_len -> (l, rate). verify_time[L - 1] = cost of L tokens;
-    drafting l tokens costs draft_time + per_draft * l (a chain drafter runs one forward per draft).
+    drafting l tokens costs draft_time + per_draft * l (a chain drafter runs one forward per draft),
+    of which the first `paid` drafts are already drafted (per_draft * max(l - paid, 0)).
 
     Ties go to the shorter length (cheaper, and less to roll back)."""
     max_len = min(max_len, len(p), len(verify_time) - 1)
@@ -62,7 +63,7 @@ def best_length(p: Sequence[float], verify_time: Sequence[float], draft_time: fl
     for l in range(1, max_len + 1):
         surv *= float(p[l - 1])
         e += surv
-        r = e / (draft_time + per_draft * l + verify_time[l])
+        r = e / (draft_time + per_draft * max(l - paid, 0) + verify_time[l])
         if r > best * (1 + 1e-9):
             best_l, best = l, r
     return best_l, best
@@ -475,17 +476,9 @@ class VerifyPolicy:
         if k >= cap:
             return False
         known = self.calib.setdefault(Source.DRAFTER, Calibration()).apply(confidence)
-        prior = self.estimate(Source.DRAFTER).p()
-        vt, dt = self.verify_time, self.draft_time.get(Source.DRAFTER, 0.0)
-        stop, go, e, surv = 1.0 / vt[0], 0.0, 1.0, 1.0
-        for l in range(1, cap + 1):
-            surv *= float(known[l - 1] if l <= k else prior[l - 1])
-            e += surv
-            if l <= k:
-                stop = max(stop, e / vt[l])
-            else:
-                go = max(go, e / (vt[l] + dt * (l - k)))
-        return go > stop * (1 + 1e-9)
+        p = list(known) + list(self.estimate(Source.DRAFTER).p()[k:])
+        dt = self.draft_time.get(Source.DRAFTER, 0.0)
+        return best_length(p, self.verify_time, 0.0, cap, dt, paid=k)[0] > k
 
     def truncate(self, source: str | Source, n: int, confidence: Sequence[float] | None, greedy: bool) -> int:
         """After drafting: how many of the n drafts to verify (a probe verifies at least one;
