@@ -1,0 +1,112 @@
+"""The inference forward of one-layer EAGLE-3 drafters, the engine's drafting (`mlxspec.engine.eagle3`).
+
+The same arithmetic as `Eagle3Model.__call__` (tested equal on every row), in fewer and larger
+operations, because a drafter row on the CPU costs its operations more than its arithmetic
+(~10 M multiply-adds a row, ~40 operations):
+- q, k and v in one matmul over the weights concatenated once (their biases too), gate and up
+  in another;
+- RoPE by `mx.fast.rope` at contiguous positions from an offset passed as an array, so that each
+  compiled function is traced once per row count;
+- the work before attention (norms, the concatenation, q/k/v, RoPE) and after it (the output
+  projection, residuals, the MLP) and the head (final norm, matmul) each `mx.compile`d.
+Attention over the drafter's cache stays outside them (its length changes every step).
+
+Scripts/bench: `scripts/bench_eagle3_draft.py` (ms per draft, plain against this).
+Deeper drafters (2+ layers) use the plain forward.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from mlxspec.drafters.eagle3 import Eagle3Model
+
+
+class FastForward:
+    """Built from a loaded `Eagle3Model` (weights read once: rebuild after changing them)."""
+
+    @staticmethod
+    def supports(model: Eagle3Model) -> bool:
+        return len(model.layers) == 1
+
+    @classmethod
+    def of(cls, model: Eagle3Model, head: mx.array) -> "FastForward | None":
+        """The model's inference forward, built once per set of weights (a drafter is built per
+        request; its traced functions are kept while the weights are the same arrays) or None
+        where it does not apply."""
+        if not cls.supports(model):
+            return None
+        weights = [a for _, a in tree_flatten(model.layers[0].parameters())] + [model.norm.weight, head]
+        ff = getattr(model, "_inference_forward", None)
+        if ff is None or len(ff.weights) != len(weights) or any(a is not b for a, b in zip(ff.weights, weights)):
+            ff = cls(model, head)
+            ff.weights = weights
+            object.__setattr__(model, "_inference_forward", ff)  # an attribute, never a parameter
+        return ff
+
+    def __init__(self, model: Eagle3Model, head: mx.array):
+        if not self.supports(model):
+            raise ValueError("FastForward: one-layer EAGLE-3 drafters only")
+        layer = model.layers[0]
+        attn, mlp = layer.self_attn, layer.mlp
+        self.nh, self.nkv, self.hd = attn.n_heads, attn.n_kv, attn.hd
+        self.scale = attn.scale
+        self.inter = mlp.gate_proj.weight.shape[0]
+        projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+        self.w_qkv = mx.concatenate([p.weight for p in projs], axis=0).T
+        self.b_qkv = mx.concatenate([p.bias for p in projs]) if "bias" in attn.q_proj else None
+        self.w_gu = mx.concatenate([mlp.gate_proj.weight, mlp.up_proj.weight], axis=0).T
+        self.freqs = 1.0 / attn._inv  # mx.fast.rope's periods; the inverse frequencies carry any scaling
+        mx.eval(self.w_qkv, self.w_gu, self.freqs, *([self.b_qkv] if self.b_qkv is not None else []))
+        self.layer, self.attn, self.mlp, self.model, self.head = layer, attn, mlp, model, head
+        self._pre = mx.compile(self._pre_attention)
+        self._post = mx.compile(self._post_attention)
+        self._logits = mx.compile(self._head)
+
+    def _rope(self, x: mx.array, offset: mx.array) -> mx.array:
+        return mx.fast.rope(x, self.hd, traditional=False, base=None, scale=1.0, offset=offset, freqs=self.freqs)
+
+    def _pre_attention(self, emb: mx.array, hidden: mx.array, offset: mx.array):
+        x, res = self.layer.attn_input(emb, hidden)
+        qkv = x @ self.w_qkv
+        if self.b_qkv is not None:
+            qkv = qkv + self.b_qkv
+        b, l, _ = x.shape
+        nq, nk = self.nh * self.hd, self.nkv * self.hd
+        q = qkv[..., :nq].reshape(b, l, self.nh, self.hd)
+        k = qkv[..., nq:nq + nk].reshape(b, l, self.nkv, self.hd)
+        v = qkv[..., nq + nk:].reshape(b, l, self.nkv, self.hd).transpose(0, 2, 1, 3)
+        if "q_norm" in self.attn:
+            q, k = self.attn.q_norm(q), self.attn.k_norm(k)
+        q = self._rope(q.transpose(0, 2, 1, 3), offset)
+        k = self._rope(k.transpose(0, 2, 1, 3), offset)
+        return q, k, v, res
+
+    def _post_attention(self, o: mx.array, res: mx.array) -> mx.array:
+        h = res + self.attn.out(o)
+        gu = self.layer.post_attention_layernorm(h) @ self.w_gu
+        g, u = gu[..., :self.inter], gu[..., self.inter:]
+        return h + self.mlp.down_proj(g * mx.sigmoid(g) * u)
+
+    def _head(self, h: mx.array) -> mx.array:
+        return (self.model.norm(h) @ self.head.T).astype(mx.float32)
+
+    def __call__(self, emb: mx.array, hidden: mx.array, start: int, cache, mask=None, shared: bool = False) -> mx.array:
+        """Rows [1, L, H] at positions start.. (appended to `cache`) -> pre-norm outputs.
+        shared: every row at position `start` (the nodes of one depth of a tree)."""
+        off = mx.array(start, dtype=mx.int32)
+        if shared:  # the rows as a batch of one row each, so that RoPE gives them one position
+            m = emb.shape[1]
+            q, k, v, res = self._pre(emb.reshape(m, 1, -1), hidden.reshape(m, 1, -1), off)
+            q, k, v = (x.transpose(2, 1, 0, 3) for x in (q, k, v))  # [m, heads, 1, d] -> [1, heads, m, d]
+            res = res.reshape(1, m, -1)
+        else:
+            q, k, v, res = self._pre(emb, hidden, off)
+        k, v = cache.update(k, v)
+        o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        return self._post(o, res)
+
+    def logits(self, h: mx.array) -> mx.array:
+        """Pre-norm outputs [.., H] -> draft-vocabulary logits (float32)."""
+        return self._logits(h)
