@@ -325,6 +325,8 @@ def test_a_chain_drafters_tree_stops_growing_where_the_budget_keeps_no_newest_no
     scores = [1.0, 0.9, 0.3, 0.2]  # node 3 is the newest depth's only node
     assert newest_pays(scores, [3], flat, 8) and not newest_pays(scores, [3], [1.0, 1.05, 1.1, 10.0], 8)
     assert newest_pays(scores, [1, 2], [1.0, 1.5, 10.0, 10.0], 8)  # node 1 alone pays: (1.9/1.5 > 1)
+    # a fixed budget (--tree N, fixed policy): grown while a new node is among the N best
+    assert newest_pays(scores, [3], None, 3) and not newest_pays(scores, [3], None, 2)
 
     target, ids, _ = real
     spec = api.Speculator.build(api.SpecConfig(draft=str(api.shipped_drafter("eagle3")), ngram=False), target)

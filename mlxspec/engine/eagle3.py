@@ -181,12 +181,18 @@ class Eagle3Drafter:
         toks, zs, qs, cs, conf = [], [], [], [], []
         sq = self.proposal_sampling(sp)
         for k in range(n):
-            z = self.logits(h)[0]  # [1, Vd]
-            zs.append(z)
-            if sp.greedy:
+            if sp.greedy and self._fast is not None:  # one compiled head: logits, argmax, top probability
+                z, d, c = (x[0] for x in self._fast.greedy(h))
+                zs.append(z)
+                cs.append(c)
+            elif sp.greedy:
+                z = self.logits(h)[0]  # [1, Vd]
+                zs.append(z)
                 d = mx.argmax(z, axis=-1)
                 cs.append(top_probability(z))
-            else:  # drawn on the host from numpy's softmax, the distribution verification reads
+            else:
+                z = self.logits(h)[0]
+                zs.append(z)  # drawn on the host from numpy's softmax, the distribution verification reads
                 q = target_probs(z, sq)
                 i = sample_token(q[0], rng)
                 d = mx.array([i])

@@ -293,11 +293,12 @@ def choose_budget(scores: list[float], verify_time, draft_time: float, cap: int)
 
 def newest_pays(scores: list[float], newest, verify_time, cap: int) -> bool:
     """Whether any node of `newest` (the depth just drafted) is among the nodes the budget would
-    verify now (`choose_budget` over `scores`, root first). A child never scores above its
-    parent, so where none of them is kept, nothing drafted below them would be: a drafter
-    that grows its tree a depth per forward stops there (EAGLE-2's expansion, sized by cost)."""
-    order = sorted(range(1, len(scores)), key=lambda i: -scores[i])
-    n = choose_budget([scores[i] for i in order], verify_time, 0.0, cap)
+    verify now (`choose_budget` over `scores`, root first; verify_time None: a fixed budget of
+    `cap` nodes, `--tree N --verify-policy fixed`). A child never scores above its parent, so
+    where none of them is kept, nothing drafted below them would be: a drafter that grows its
+    tree a depth per forward stops there (EAGLE-2's expansion, sized by cost)."""
+    order = sorted(range(1, len(scores)), key=lambda i: (-scores[i], i))
+    n = cap if verify_time is None else choose_budget([scores[i] for i in order], verify_time, 0.0, cap)
     newest = set(newest)
     return any(i in newest for i in order[:n])
 

@@ -105,14 +105,14 @@ def draft_tree(drafter, policy, anchor: int, n_cap: int, sampling, rng, settings
         p = _p(policy, Source.DRAFTER, "drafter")
         budget = settings.nodes
         if hasattr(inner, "draft_tree"):
-            depth = plan.n if settings.mode != "fixed" else min(n_cap, inner.max_drafts)
-            more = None
-            if vt is not None:
-                cap = settings.nodes
+            # fixed: N nodes hold no path deeper than N; either way the tree stops growing where
+            # its newest depth would not be verified (the nodes kept are the same, the forwards fewer)
+            depth = plan.n if settings.mode != "fixed" else min(n_cap, inner.max_drafts, settings.nodes)
+            cap = settings.nodes
 
-                def more(t, newest):
-                    scores = cal.calibrated(t)[0] if cal is not None else [n.score for n in t.nodes]
-                    return newest_pays(scores, newest, vt, cap)
+            def more(t, newest):
+                scores = cal.calibrated(t)[0] if cal is not None else [n.score for n in t.nodes]
+                return newest_pays(scores, newest, vt, cap)
             forwards = inner.draft_tree(tree, max(depth, 1), settings.width, sampling, rng, p, more)
         else:
             d = drafter.draft(anchor, n_cap, sampling, rng)
