@@ -18,7 +18,6 @@ Both forwards must draft the same tokens (checked; exit 1 if not).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -94,9 +93,9 @@ def main() -> None:
         unit = "ms per draft" if name == "chain" else "ms per call"
         print(f"{name:8s} plain {x['plain']:6.3f}  fast {x['fast']:6.3f}  {unit}  ({x['plain'] / x['fast']:.2f}x)")
     print(f"same drafts: {out['same_drafts']} (context {base} pairs)")
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
+    from mlxspec.bench.report import write_json
+
+    write_json(a.json, out)
     if not out["same_drafts"]:
         sys.exit(1)
 

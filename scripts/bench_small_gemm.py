@@ -17,7 +17,6 @@ import os
 import statistics
 import subprocess
 import sys
-from pathlib import Path
 
 CHILD = r"""
 import json, os, sys
@@ -60,9 +59,9 @@ def main() -> None:
         print(f"L={L}: openblas {med['openblas'][L]:.1f} ms  small {med['small_gemm'][L]:.1f} ms  "
               f"x{res['speedup'][L]:.2f}  t(L)/t(1) {res['verify_over_decode']['openblas'][L]:.2f} -> "
               f"{res['verify_over_decode']['small_gemm'][L]:.2f}")
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(res, indent=1))
+    from mlxspec.bench.report import write_json
+
+    write_json(a.json, res)
 
 
 if __name__ == "__main__":

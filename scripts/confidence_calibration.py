@@ -13,7 +13,6 @@ judged does not depend on their confidences.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -79,9 +78,9 @@ def main() -> None:
                                                     for c in cells))
         print(f"{'':12s} mean conf " + "  ".join(f"{c['mean_confidence']:.2f}      " if c["n"] else "  –       "
                                                     for c in cells))
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(out, indent=1))
+    from mlxspec.bench.report import write_json
+
+    write_json(a.json, out)
 
 
 if __name__ == "__main__":

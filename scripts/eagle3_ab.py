@@ -18,7 +18,6 @@ configuration is one `Speculator` (its policy memory carries across requests, as
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -105,9 +104,9 @@ def main() -> None:
                                        for n in ("on", "off"))
               + f"  on/off {s['geomean']:.3f} [{s['interval'][0]:.3f}, {s['interval'][1]:.3f}]")
     print(f"identical outputs: {same}")
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(out, indent=1))
+    from mlxspec.bench.report import write_json
+
+    write_json(a.json, out)
 
 
 if __name__ == "__main__":

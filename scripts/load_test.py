@@ -304,9 +304,9 @@ def compare(a) -> int:
                 sv.proc.kill()
                 sv.proc.wait()
     out["load_average_at_end"] = os.getloadavg()
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(out, indent=2) + "\n")
+    from mlxspec.bench.report import write_json
+
+    write_json(a.json, out, indent=2)
     if a.plot:
         plot(out, a.plot)
     return 1 if failed else 0

@@ -16,11 +16,9 @@ compaction and Python cost).
 """
 
 import argparse
-import json
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
@@ -118,10 +116,9 @@ def main() -> None:
                          "share_of_bound": share, "x_ar_repeats": ratios, "bound_repeats": bounds})
             print(f"error {e:4.2f} {mode:5s} tau {st.tau:5.2f} rows {mean_rows:4.1f}  x AR {speed:5.2f}  bound {bound:5.2f}"
                   f"  share {share:5.1%}", flush=True)
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps({"rows": rows, "verify_ms": {L: 1000 * v for L, v in t.items()},
-                                            "command": " ".join(sys.argv)}, indent=1))
+    from mlxspec.bench.report import write_json
+
+    write_json(a.json, {"rows": rows, "verify_ms": {L: 1000 * v for L, v in t.items()}, "command": " ".join(sys.argv)})
 
 
 if __name__ == "__main__":

@@ -143,9 +143,9 @@ def main() -> None:
     nd = out["needed_geometric_acceptance"]
     print(f"geometric acceptance a (P(first k right) = a^k) for {a.goal}x at the best fixed length: "
           + (f"{nd:.3f}" if nd is not None else "unreachable"))
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(out, indent=1))
+    from mlxspec.bench.report import write_json
+
+    write_json(a.json, out)
 
 
 if __name__ == "__main__":

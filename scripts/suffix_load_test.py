@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import http.client
-import json
 import random
 import subprocess
 import sys
@@ -206,9 +205,9 @@ def main(argv=None) -> int:
         print(f"{'PASS' if v else 'FAIL'}  {k}")
     print(f"load: {ld['completed']}/{ld['requests']} in {ld['wall_s']:.0f} s, {ld['aggregate_tok_s']:.1f} tok/s, "
           f"fullest index {ld['index_max_tokens_seen']:.0f} of {a.suffix_budget} tokens")
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
+    from mlxspec.bench.report import write_json
+
+    write_json(a.json, out)
     return 0 if all(checks.values()) else 1
 
 

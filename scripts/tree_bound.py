@@ -23,7 +23,6 @@ adds its rows: the default's chains and `--tree auto`).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -122,9 +121,9 @@ def main() -> None:
     print(f"best chain: {best['chain']}, best tree: {best['tree']}; tree over chain, modeled "
           f"{out['best_tree_over_best_chain_modeled']:.3f}, measured {out['best_tree_over_best_chain_measured']:.3f}")
     print(f"identical outputs: {out['identical_outputs']}")
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
+    from mlxspec.bench.report import write_json
+
+    write_json(a.json, out)
     if not out["identical_outputs"]:
         sys.exit(1)
 

@@ -15,7 +15,6 @@ Prompts: `mlxspec/data/prompts.json` (16 code, 16 prose, 8 chat held-out prompts
 """
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -106,9 +105,9 @@ def run(a, drafters: dict, modes: list) -> None:
             out.setdefault("tree_over_chain_tau", {})[f"{label} {mode}"] = ratio
             print(f"tree / chain tau, {label} {mode}: " + ", ".join(f"{c} {r:.3f}" for c, r in ratio.items()))
     print("identical outputs across configurations: " + ", ".join(f"{k} {v}" for k, v in out["same_output"].items()))
-    if a.json:
-        Path(a.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(a.json).write_text(json.dumps({**out, "command": " ".join(sys.argv)}, indent=1))
+    from mlxspec.bench.report import write_json
+
+    write_json(a.json, {**out, "command": " ".join(sys.argv)})
 
 
 if __name__ == "__main__":
