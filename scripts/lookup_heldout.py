@@ -160,26 +160,30 @@ def main(argv=None) -> int:
 
 @contextlib.contextmanager
 def counting():
-    """Counts the EAGLE-3 drafter's forwards and heads while open -> the dict it fills."""
+    """Counts the EAGLE-3 drafter's forwards and heads while open -> the dict it fills (the plain
+    forward's and the inference forward's, `mlxspec.drafters.eagle3_fast`)."""
     from mlxspec.drafters.eagle3 import Eagle3Model
+    from mlxspec.drafters.eagle3_fast import FastForward
     from mlxspec.engine.eagle3 import Eagle3Drafter
 
     n = {"fwd": 0, "head": 0}
-    call, logits = Eagle3Model.__call__, Eagle3Drafter.logits
+    patched = [(Eagle3Model, "__call__", "fwd"), (FastForward, "__call__", "fwd"),
+               (Eagle3Drafter, "logits", "head"), (FastForward, "greedy", "head")]
+    saved = [(cls, name, getattr(cls, name)) for cls, name, _ in patched]
 
-    def counted_call(self, *args, **kw):
-        n["fwd"] += 1
-        return call(self, *args, **kw)
+    def counted(fn, key):
+        def wrapper(self, *args, **kw):
+            n[key] += 1
+            return fn(self, *args, **kw)
+        return wrapper
 
-    def counted_logits(self, h):
-        n["head"] += 1
-        return logits(self, h)
-
-    Eagle3Model.__call__, Eagle3Drafter.logits = counted_call, counted_logits
+    for (cls, name, key), (_, _, fn) in zip(patched, saved):
+        setattr(cls, name, counted(fn, key))
     try:
         yield n
     finally:
-        Eagle3Model.__call__, Eagle3Drafter.logits = call, logits
+        for cls, name, fn in saved:
+            setattr(cls, name, fn)
 
 
 def model_costs(sps: dict[int, float], fwd_ms: float = FWD_MS, head_ms: float = HEAD_MS) -> dict:
