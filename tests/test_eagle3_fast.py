@@ -25,7 +25,7 @@ VARIANTS = {
 }
 
 
-def _pair(model, fast, rows: int, seed: int):
+def _pair(model, rows: int, seed: int):
     """Two caches holding the same `rows` committed rows (run by the plain forward)."""
     rng = np.random.default_rng(seed)
     caches = [KVCache(), KVCache()]
@@ -50,7 +50,7 @@ def test_fast_forward_equals_the_plain_forward(variant):
                 mx.array(rng.standard_normal((1, n, 32)).astype(np.float32)))
 
     for before, n in ((0, 5), (9, 1), (9, 4)):  # the prompt's pairs; a chain row; a step's accepted pairs
-        plain_c, fast_c = _pair(model, fast, before, seed=before + n)
+        plain_c, fast_c = _pair(model, before, seed=before + n)
         emb, hid = rows(n)
         want = model(emb, hid, mx.arange(before, before + n), [plain_c], causal_mask(n, before + n))
         got = fast(emb, hid, before, fast_c, causal_mask(n, before + n))
@@ -59,10 +59,15 @@ def test_fast_forward_equals_the_plain_forward(variant):
                                    rtol=1e-5, atol=1e-5)
         z_want = (model.norm(want) @ head.T).astype(mx.float32)
         np.testing.assert_allclose(np.array(fast.logits(got)), np.array(z_want), rtol=1e-5, atol=1e-5)
+        z, best, top = fast.greedy(got)  # the chain's head: its argmax and the softmax at it
+        zw = np.array(z_want, np.float64)
+        np.testing.assert_allclose(np.array(z), zw, rtol=1e-5, atol=1e-5)
+        assert np.array_equal(np.array(best), zw.argmax(-1))
+        np.testing.assert_allclose(np.array(top), 1.0 / np.exp(zw - zw.max(-1, keepdims=True)).sum(-1), rtol=1e-5)
 
     # a tree's depth: 3 rows at one position, each seeing the committed rows and one earlier row
     before, m = 6, 3
-    plain_c, fast_c = _pair(model, fast, before, seed=3)
+    plain_c, fast_c = _pair(model, before, seed=3)
     first_e, first_h = rows(2)  # the previous depth's 2 rows, at position `before`
     vis0 = np.zeros((2, before + 2), bool)
     vis0[:, :before] = True

@@ -23,6 +23,11 @@ from mlx.utils import tree_flatten
 from mlxspec.drafters.eagle3 import Eagle3Model
 
 
+def top_probability(z: mx.array) -> mx.array:
+    """Each row's largest probability under softmax(z) [.., V] -> [..] (lazy, on the device)."""
+    return mx.exp(mx.max(z, axis=-1) - mx.logsumexp(z, axis=-1))
+
+
 class FastForward:
     """Built from a loaded `Eagle3Model` (weights read once: rebuild after changing them)."""
 
@@ -96,8 +101,7 @@ class FastForward:
 
     def _greedy_head(self, h: mx.array):
         z = self._head(h)
-        m = mx.max(z, axis=-1, keepdims=True)
-        return z, mx.argmax(z, axis=-1), 1.0 / mx.sum(mx.exp(z - m), axis=-1)
+        return z, mx.argmax(z, axis=-1), top_probability(z)
 
     def __call__(self, emb: mx.array, hidden: mx.array, start: int, cache, mask=None, shared: bool = False) -> mx.array:
         """Rows [1, L, H] at positions start.. (appended to `cache`) -> pre-norm outputs.
@@ -119,6 +123,5 @@ class FastForward:
         return self._logits(h)
 
     def greedy(self, h: mx.array):
-        """Pre-norm outputs [.., H] -> (logits, argmax, top probability), as `logits`,
-        `mx.argmax` and `mlxspec.engine.eagle3.top_probability` compute them."""
+        """Pre-norm outputs [.., H] -> (logits, argmax, top probability), one compiled function."""
         return self._greedy(h)

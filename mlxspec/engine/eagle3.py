@@ -32,7 +32,7 @@ import mlx.core as mx
 import numpy as np
 
 from mlxspec.drafters.eagle3 import Eagle3Config, Eagle3Model, KVCache, causal_mask
-from mlxspec.drafters.eagle3_fast import FastForward
+from mlxspec.drafters.eagle3_fast import FastForward, top_probability
 from mlxspec.engine.drafting import DraftOutput, scatter_draft_host
 from mlxspec.engine.tree import SIBLING_DECAY, DraftTree, top_candidates, top_weights
 from mlxspec.engine.verify import SamplingParams, sample_token, target_probs
@@ -40,11 +40,6 @@ from mlxspec.targets.load import default_dense
 from mlxspec.targets.model import Target, target_head_rows
 
 DRAFT_SHARPEN = 1.0  # sampled drafts: the drafter's temperature over the request's (module docstring)
-
-
-def top_probability(z: mx.array) -> mx.array:
-    """Each row's largest probability under softmax(z) [.., V] -> [..] (lazy, on the device)."""
-    return mx.exp(mx.max(z, axis=-1) - mx.logsumexp(z, axis=-1))
 
 
 class Eagle3Drafter:
@@ -161,6 +156,14 @@ class Eagle3Drafter:
             return self._fast.logits(h)
         return (self.model.norm(h) @ self.head.T).astype(mx.float32)
 
+    def greedy_head(self, h: mx.array):
+        """Pre-norm outputs [.., H] -> (logits, argmax, top probability): one compiled function
+        with the inference forward."""
+        if self._fast is not None:
+            return self._fast.greedy(h)
+        z = self.logits(h)
+        return z, mx.argmax(z, axis=-1), top_probability(z)
+
     def to_target(self, ids: mx.array) -> mx.array:
         return ids if self.d2t is None else self.d2t[ids]
 
@@ -181,23 +184,17 @@ class Eagle3Drafter:
         toks, zs, qs, cs, conf = [], [], [], [], []
         sq = self.proposal_sampling(sp)
         for k in range(n):
-            if sp.greedy and self._fast is not None:  # one compiled head: logits, argmax, top probability
-                z, d, c = (x[0] for x in self._fast.greedy(h))
-                zs.append(z)
+            if sp.greedy:  # logits [1, Vd], the argmax and its probability
+                z, d, c = (x[0] for x in self.greedy_head(h))
                 cs.append(c)
-            elif sp.greedy:
-                z = self.logits(h)[0]  # [1, Vd]
-                zs.append(z)
-                d = mx.argmax(z, axis=-1)
-                cs.append(top_probability(z))
-            else:
+            else:  # drawn on the host from numpy's softmax, the distribution verification reads
                 z = self.logits(h)[0]
-                zs.append(z)  # drawn on the host from numpy's softmax, the distribution verification reads
                 q = target_probs(z, sq)
                 i = sample_token(q[0], rng)
                 d = mx.array([i])
                 qs.append(q)
                 conf.append(float(q[0].max()))  # the row's, not the drawn token's (docstring)
+            zs.append(z)
             t = self.to_target(d)
             toks.append(t)
             if k == n - 1:

@@ -107,12 +107,11 @@ def draft_tree(drafter, policy, anchor: int, n_cap: int, sampling, rng, settings
         if hasattr(inner, "draft_tree"):
             # fixed: N nodes hold no path deeper than N; either way the tree stops growing where
             # its newest depth would not be verified (the nodes kept are the same, the forwards fewer)
-            depth = plan.n if settings.mode != "fixed" else min(n_cap, inner.max_drafts, settings.nodes)
-            cap = settings.nodes
+            depth = plan.n if settings.mode != "fixed" else min(n_cap, inner.max_drafts, budget)
 
             def more(t, newest):
                 scores = cal.calibrated(t)[0] if cal is not None else [n.score for n in t.nodes]
-                return newest_pays(scores, newest, vt, cap)
+                return newest_pays(scores, newest, vt, budget)
             forwards = inner.draft_tree(tree, max(depth, 1), settings.width, sampling, rng, p, more)
         else:
             d = drafter.draft(anchor, n_cap, sampling, rng)
