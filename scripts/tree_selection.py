@@ -28,32 +28,19 @@ import sys
 BINS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.01)
 
 
-def accepted(nodes: list[tuple], keep: set, truth: list[int]) -> int:
-    """Tokens of `truth` the kept nodes accept (nodes: (parent, token, ...), root 0)."""
-    at, n = 0, 0
-    while n < len(truth):
-        nxt = next((i for i in keep if i and nodes[i][0] == at and nodes[i][1] == truth[n]), None)
-        if nxt is None:
-            break
-        at, n = nxt, n + 1
-    return n
+def accepted(nodes: list[tuple], score: list[float], budget: int, truth: list[int]) -> int:
+    """Tokens of `truth` accepted when the engine keeps the `budget` best nodes by `score`
+    (`DraftTree.ranked` and `select`, then `accept_greedy` with the answer as the target's argmax).
+    nodes: (parent, token, score, depth, source, ...) in the recorded tree's order, root first."""
+    from mlxspec.engine.tree import DraftTree, TreeNode, accept_greedy
 
-
-def best_first(nodes: list[tuple], score: list[float]) -> list[int]:
-    """Non-root nodes best first, never a node before its parent."""
-    order = sorted(range(1, len(nodes)), key=lambda i: (-score[i], i))
-    out, have, waiting = [], {0}, collections.defaultdict(list)
-    for i in order:
-        stack = [i]
-        while stack:
-            j = stack.pop()
-            if nodes[j][0] in have:
-                out.append(j)
-                have.add(j)
-                stack.extend(waiting.pop(j, []))
-            else:
-                waiting[nodes[j][0]].append(j)
-    return out
+    tree = DraftTree(nodes[0][1])
+    tree.nodes = [TreeNode(n[1], n[0], n[3], s, n[4] or "root") for n, s in zip(nodes, score)]
+    for i, n in enumerate(tree.nodes[1:], 1):
+        tree.nodes[n.parent].kids.append(i)
+    kept = tree.select(budget)
+    path, _ = accept_greedy(kept, [truth[n.depth] if n.depth < len(truth) else -1 for n in kept.nodes])
+    return len(path) - 1
 
 
 def cls_key(node: tuple) -> tuple:
@@ -92,7 +79,7 @@ def tau_with(steps: list, budget: int, rate: dict | None) -> float:
             score = [1.0] * len(nodes)
             for i in range(1, len(nodes)):
                 score[i] = score[nodes[i][0]] * rate.get(cls_key(nodes[i]), 0.01)
-        got += accepted(nodes, set(best_first(nodes, score)[:budget]) | {0}, truth)
+        got += accepted(nodes, score, budget, truth)
     return 1 + got / max(len(steps), 1)
 
 

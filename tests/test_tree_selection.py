@@ -1,5 +1,5 @@
 """`scripts/tree_selection.py`: the offline replay of a fixed tree's node choice (what a step
-accepts from the nodes kept, best first never before a parent, the class table's fit), on
+accepts from the nodes the engine's `DraftTree.select` keeps, the class table's fit), on
 hand-built trees whose answers are known."""
 
 from __future__ import annotations
@@ -22,17 +22,19 @@ TREE = [(-1, 9, 1.0, 0, "", "", 1.0),
 
 
 def test_a_step_accepts_the_kept_path_that_matches_the_answer_and_nothing_past_a_missing_node():
-    assert ts.accepted(TREE, {0, 1, 2, 3, 4}, [2, 4, 7]) == 2
-    assert ts.accepted(TREE, {0, 1, 2, 3}, [2, 4, 7]) == 1  # node 4 not verified
-    assert ts.accepted(TREE, {0, 1, 3}, [2, 4, 7]) == 0
-    assert ts.accepted(TREE, {0, 1, 3}, [1, 3, 5]) == 2
+    live = [n[2] for n in TREE]
+    assert ts.accepted(TREE, live, 4, [2, 4, 7]) == 2
+    assert ts.accepted(TREE, live, 3, [2, 4, 7]) == 1  # node 4 (the worst) not verified
+    assert ts.accepted(TREE, live, 2, [2, 4, 7]) == 0  # nodes 1 and 3 kept
+    assert ts.accepted(TREE, live, 2, [1, 3, 5]) == 2
 
 
-def test_best_first_never_puts_a_node_before_its_parent():
-    # node 4 outscores its parent 2: it waits for it
-    order = ts.best_first(TREE, [1.0, 0.6, 0.1, 0.5, 0.9])
-    assert order == [1, 3, 2, 4]
-    assert ts.tau_with([(TREE, [2, 4, 7])], 2, None) == 1.0  # the two best kept: 1 and 3
+def test_the_best_nodes_are_kept_and_never_a_node_without_its_parent():
+    # node 4 outscores its parent 2 and node 1: it waits for its parent, so the two best are 1, 3
+    score = [1.0, 0.6, 0.1, 0.5, 0.9]
+    assert ts.accepted(TREE, score, 2, [2, 4, 7]) == 0
+    assert ts.accepted(TREE, score, 2, [1, 3, 5]) == 2
+    assert ts.tau_with([(TREE, [2, 4, 7])], 2, None) == 1.0
     assert ts.tau_with([(TREE, [2, 4, 7])], 4, None) == 3.0
 
 
