@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
 from mlxspec.bench.summary import Row
 from mlxspec.cache import hub_repo_of
 
+
 def write_json(path, obj, indent: int = 1) -> None:
     """A result people compare (a script's --json), indented, its folder made; None: nothing."""
     if path is None:
         return
-    import json
-
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     Path(path).write_text(json.dumps(obj, indent=indent) + "\n")
 
