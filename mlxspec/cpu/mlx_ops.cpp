@@ -172,6 +172,59 @@ class HostAttention : public mx::UnaryPrimitive {
     int causal_from_;
 };
 
+// MLX's RoPE fallback on the CPU (mlx/fast.cpp: the rotation as multiplies, a subtract and an add,
+// each rounded to float) in one op: out = x1 * cos - x2 * sin, x1 * sin + x2 * cos over the first
+// `dims` features (halves, or even / odd features where `traditional`), the rest copied. cos and
+// sin [T, dims / 2] are the fallback's own values for the T positions (host_rope reads them off
+// MLX's rope), so every number is the one the op-by-op graph gives (host_rope.check compares them)
+class HostRope : public mx::UnaryPrimitive {
+   public:
+    HostRope(mx::Stream s, int dims, bool traditional)
+        : mx::UnaryPrimitive(s), dims_(dims), traditional_(traditional) {}
+
+    void eval_cpu(const std::vector<mx::array> &inputs, mx::array &out) override {
+        dispatch(stream(), inputs, out, [dims = dims_, trad = traditional_](std::vector<mx::array> &in,
+                                                                          mx::array &o) {
+            const mx::array &x = in[0];
+            std::vector<float> tc, ts;
+            const float *c = row_major(in[1], tc), *sn = row_major(in[2], ts);
+            int B = x.shape(0), N = x.shape(1), T = x.shape(2), D = x.shape(3), half = dims / 2;
+            const int64_t *st = x.strides().data();
+            const float *xp = x.data<float>();
+            float *op = o.data<float>();
+            for (int b = 0; b < B; b++)
+                for (int n = 0; n < N; n++)
+                    for (int t = 0; t < T; t++) {
+                        const float *r = xp + b * st[0] + n * st[1] + t * st[2];
+                        float *w = op + (((int64_t)b * N + n) * T + t) * D;
+                        const float *cr = c + (int64_t)t * half, *sr = sn + (int64_t)t * half;
+                        int64_t s3 = st[3];
+                        for (int i = 0; i < half; i++) {
+                            int i1 = trad ? 2 * i : i, i2 = trad ? 2 * i + 1 : i + half;
+                            float x1 = r[i1 * s3], x2 = r[i2 * s3];
+                            float a = x1 * cr[i], bb = x2 * sr[i];
+                            float e = x1 * sr[i], f = x2 * cr[i];
+                            w[i1] = a - bb;
+                            w[i2] = e + f;
+                        }
+                        for (int i = dims; i < D; i++) w[i] = r[i * s3];
+                    }
+        });
+    }
+    void eval_gpu(const std::vector<mx::array> &, mx::array &) override {
+        throw std::runtime_error("[mlxspec host_rope] CPU only");
+    }
+    const char *name() const override { return "MlxspecHostRope"; }
+    bool is_equivalent(const mx::Primitive &other) const override {
+        auto &o = static_cast<const HostRope &>(other);
+        return dims_ == o.dims_ && traditional_ == o.traditional_;
+    }
+
+   private:
+    int dims_;
+    bool traditional_;
+};
+
 void need_float32(const mx::array &a, const char *what) {
     if (a.dtype() != mx::float32) throw std::invalid_argument(std::string(what) + ": float32 only");
 }
@@ -205,11 +258,25 @@ mx::array host_swiglu(const mx::array &g, const mx::array &x) {
     return mx::array(g.shape(), mx::float32, std::make_shared<HostSwiglu>(s), {g, x});
 }
 
+// x [B, N, T, D] (any strides), cos and sin [T, dims / 2]: RoPE over the first dims features
+mx::array host_rope(const mx::array &x, const mx::array &cos, const mx::array &sin, int dims, bool traditional) {
+    need_float32(x, "host_rope");
+    need_float32(cos, "host_rope");
+    need_float32(sin, "host_rope");
+    if (x.ndim() != 4 || dims <= 0 || dims % 2 || dims > x.shape(3) || cos.ndim() != 2 || cos.shape() != sin.shape() ||
+        cos.shape(0) != x.shape(2) || cos.shape(1) != dims / 2)
+        throw std::invalid_argument("host_rope: x [B, N, T, D], cos and sin [T, dims / 2], dims even and <= D");
+    auto s = mx::default_stream(mx::Device::cpu);
+    return mx::array(x.shape(), mx::float32, std::make_shared<HostRope>(s, dims, traditional), {x, cos, sin});
+}
+
 NB_MODULE(mlxspec_mlx_ops, m) {
     nb::module_::import_("mlx.core");  // MLX's array type, registered by its own bindings
     m.def("host_softmax", &host_softmax, nb::arg("scores"), nb::arg("q_rows"), nb::arg("causal_from"));
     m.def("host_swiglu", &host_swiglu, nb::arg("gate"), nb::arg("x"));
     m.def("host_attention", &host_attention, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("scale"),
           nb::arg("causal_from"));
+    m.def("host_rope", &host_rope, nb::arg("x"), nb::arg("cos"), nb::arg("sin"), nb::arg("dims"),
+          nb::arg("traditional"));
     m.def("lanes", []() { return mlxspec_math_lanes(); });
 }

@@ -29,7 +29,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlxspec import cpu_jit
 from mlxspec.blas import govern
 from mlxspec.errors import MlxspecError
-from mlxspec.targets import host_math
+from mlxspec.targets import host_math, host_rope
 from mlxspec.targets.lowbit_linear import NativeLowBitLinear
 from mlxspec.targets.rollback import REPLAY_MAX, TargetCache, cache_kind, slice_rows
 
@@ -244,7 +244,7 @@ class Target:
                 raise ValueError(f"a tree of {tf.n} nodes for {tokens.shape[1]} tokens")
         model = self.inner if logits == "none" else self.model
         # the attention softmax and the SwiGLU on the host, bit for bit MLX's
-        with host_math.installed(tokens.shape[1], tokens.shape[1] + _context(cache)):
+        with host_math.installed(tokens.shape[1], tokens.shape[1] + _context(cache)), host_rope.installed():
             out, tap_out = self._run(lambda: model(tokens, cache=cache), tokens, cache, taps, logits, tf)
         if logits == "none":
             return None, tap_out
