@@ -8,7 +8,7 @@ import pytest
 from test_host_math import _forwards
 from tiny_targets import ARCHS, tiny_target
 
-from mlxspec.targets import host_math, host_rope
+from mlxspec.targets import host_rope
 from mlxspec.targets.model import trim_cache
 
 
