@@ -34,12 +34,12 @@ def _key(target: Target) -> str:
     from mlxspec.cpu_gemm import profile_key
 
     from mlxspec import cpu_jit
-    from mlxspec.targets import host_math
+    from mlxspec.targets import host_math, host_rope
 
-    # so are the small GEMM, the host softmax and SwiGLU and MLX's kernels built for this CPU
-    # (a curve measured without them is another shape)
+    # so are the small GEMM, the host softmax and SwiGLU, RoPE and RMSNorm as single ops and MLX's
+    # kernels built for this CPU (a curve measured without them is another shape)
     blas = (_loaded_openblas_path() or "no-openblas") + profile_key() + (("|host-math-primitives" if host_math.in_graph() else "|host-math") if host_math.usable() else "") \
-        + cpu_jit.profile_key()
+        + ("|host-rope" if host_rope.check() else "") + cpu_jit.profile_key()
     ident = f"v5|{src}|{st.st_size if st else 0}|{st.st_mtime if st else 0}|{mx.default_device()}|{platform.node()}|{blas}"
     return hashlib.sha1(ident.encode()).hexdigest()[:16]
 
