@@ -36,7 +36,10 @@ def _versions():
     import nanobind
 
     spec = importlib.util.find_spec("mlx")
-    mlx_dir = Path(next(iter(spec.submodule_search_locations)))
+    # mlx is a namespace package: any directory named mlx on sys.path joins it (a script's own
+    # folder, the working directory), so take the one that holds MLX's headers
+    dirs = [Path(p) for p in spec.submodule_search_locations]
+    mlx_dir = next((d for d in dirs if (d / "include" / "mlx" / "array.h").exists()), dirs[0])
     from importlib.metadata import version
 
     return mlx_dir, f"mlx {version('mlx')}|nanobind {nanobind.__version__}|{sys.version}"

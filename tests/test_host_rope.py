@@ -39,17 +39,32 @@ def test_rope_equals_mlx_at_every_offset_and_layout(dims, D, trad):
 
 
 def test_what_it_does_not_cover_goes_to_mlx(monkeypatch):
-    """Array offsets (batched caches), another dtype, both a base and frequencies: MLX's own rope."""
+    """A 0-d array offset, a negative one, another dtype, both a base and frequencies: MLX's own rope."""
     used = []
     monkeypatch.setattr(host_rope, "_host_rope", lambda *a: used.append(a) or None)
     x = mx.ones((1, 2, 3, 8))
     host_rope.exact_rope(x, 8, traditional=False, base=10000.0, scale=1.0, offset=mx.array(3))
+    host_rope.exact_rope(x, 8, traditional=False, base=10000.0, scale=1.0, offset=-2)
+    host_rope.exact_rope(mx.ones((2, 2, 3, 8)), 8, traditional=False, base=10000.0, scale=1.0,
+                         offset=mx.array([4, -1], mx.int32))
     with pytest.raises(ValueError):  # MLX's own error
         host_rope.exact_rope(x, 8, traditional=False, base=10000.0, scale=1.0, offset=3, freqs=mx.ones((4,)))
     host_rope.exact_rope(x.astype(mx.bfloat16), 8, traditional=False, base=10000.0, scale=1.0, offset=3)
     assert not used
     host_rope.exact_rope(x, 8, traditional=False, base=10000.0, scale=1.0, offset=3)
     assert len(used) == 1
+
+
+def test_rope_with_an_offset_per_batch_row_equals_mlx():
+    """A ragged batch (the server's batched cache) passes one offset per row."""
+    rng = np.random.default_rng(11)
+    for offs in ([0, 5, 171], [4097, 3, 3], [9, 9, 9]):
+        for T in (1, 4):
+            x = mx.array(rng.standard_normal((3, T, 6, 64)).astype(np.float32)).transpose(0, 2, 1, 3)
+            o = mx.array(offs, mx.int32)
+            want = host_rope._ROPE(x, 64, traditional=False, base=100000.0, scale=1.0, offset=o)
+            got = host_rope.exact_rope(x, 64, traditional=False, base=100000.0, scale=1.0, offset=o)
+            assert np.array_equal(_bits(got), _bits(want)), (offs, T)
 
 
 def test_rope_with_the_modules_own_frequencies_equals_mlx():
@@ -141,3 +156,20 @@ def test_the_host_math_switch_turns_it_off_too():
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "RoPE and RMSNorm: MLX's (the host math is off or not MLX primitives)"
+
+
+def test_the_extension_finds_mlx_headers_past_another_mlx_folder(tmp_path, monkeypatch):
+    """mlx is a namespace package: a folder named mlx on sys.path (a script's own folder, the
+    working directory) joins it, first. The build must still compile against MLX's headers."""
+    import importlib
+    import importlib.util
+
+    from mlxspec import cpu_ops
+
+    (tmp_path / "mlx").mkdir()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    locations = list(importlib.util.find_spec("mlx").submodule_search_locations)
+    assert str(tmp_path / "mlx") == locations[0], locations  # the trap is set
+    mlx_dir, _ = cpu_ops._versions()
+    assert (mlx_dir / "include" / "mlx" / "array.h").exists(), mlx_dir

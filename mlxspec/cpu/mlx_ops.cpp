@@ -175,7 +175,7 @@ class HostAttention : public mx::UnaryPrimitive {
 // MLX's RoPE fallback on the CPU (mlx/fast.cpp: the rotation as multiplies, a subtract and an add,
 // each rounded to float) in one op: out = x1 * cos - x2 * sin, x1 * sin + x2 * cos over the first
 // `dims` features (halves, or even / odd features where `traditional`), the rest copied. cos and
-// sin [T, dims / 2] are the fallback's own values for the T positions (host_rope reads them off
+// sin [T, dims / 2] ([B, T, dims / 2]: per batch row) are the fallback's own values for the positions (host_rope reads them off
 // MLX's rope), so every number is the one the op-by-op graph gives (host_rope.check compares them)
 class HostRope : public mx::UnaryPrimitive {
    public:
@@ -189,6 +189,7 @@ class HostRope : public mx::UnaryPrimitive {
             std::vector<float> tc, ts;
             const float *c = row_major(in[1], tc), *sn = row_major(in[2], ts);
             int B = x.shape(0), N = x.shape(1), T = x.shape(2), D = x.shape(3), half = dims / 2;
+            bool per_batch = in[1].ndim() == 3;  // [B, T, half]: each batch row at its own positions
             const int64_t *st = x.strides().data();
             const float *xp = x.data<float>();
             float *op = o.data<float>();
@@ -197,7 +198,8 @@ class HostRope : public mx::UnaryPrimitive {
                     for (int t = 0; t < T; t++) {
                         const float *r = xp + b * st[0] + n * st[1] + t * st[2];
                         float *w = op + (((int64_t)b * N + n) * T + t) * D;
-                        const float *cr = c + (int64_t)t * half, *sr = sn + (int64_t)t * half;
+                        int64_t row = ((per_batch ? (int64_t)b * T : 0) + t) * half;
+                        const float *cr = c + row, *sr = sn + row;
                         int64_t s3 = st[3];
                         for (int i = 0; i < half; i++) {
                             int i1 = trad ? 2 * i : i, i2 = trad ? 2 * i + 1 : i + half;
@@ -258,14 +260,18 @@ mx::array host_swiglu(const mx::array &g, const mx::array &x) {
     return mx::array(g.shape(), mx::float32, std::make_shared<HostSwiglu>(s), {g, x});
 }
 
-// x [B, N, T, D] (any strides), cos and sin [T, dims / 2]: RoPE over the first dims features
+// x [B, N, T, D] (any strides), cos and sin [T, dims / 2] or [B, T, dims / 2] (each batch row at its
+// own positions): RoPE over the first dims features
 mx::array host_rope(const mx::array &x, const mx::array &cos, const mx::array &sin, int dims, bool traditional) {
     need_float32(x, "host_rope");
     need_float32(cos, "host_rope");
     need_float32(sin, "host_rope");
-    if (x.ndim() != 4 || dims <= 0 || dims % 2 || dims > x.shape(3) || cos.ndim() != 2 || cos.shape() != sin.shape() ||
-        cos.shape(0) != x.shape(2) || cos.shape(1) != dims / 2)
-        throw std::invalid_argument("host_rope: x [B, N, T, D], cos and sin [T, dims / 2], dims even and <= D");
+    bool ok = x.ndim() == 4 && dims > 0 && dims % 2 == 0 && dims <= x.shape(3) && cos.shape() == sin.shape() &&
+              (cos.ndim() == 2 || (cos.ndim() == 3 && cos.shape(0) == x.shape(0))) &&
+              cos.shape(-2) == x.shape(2) && cos.shape(-1) == dims / 2;
+    if (!ok)
+        throw std::invalid_argument(
+            "host_rope: x [B, N, T, D], cos and sin [T, dims / 2] or [B, T, dims / 2], dims even and <= D");
     auto s = mx::default_stream(mx::Device::cpu);
     return mx::array(x.shape(), mx::float32, std::make_shared<HostRope>(s, dims, traditional), {x, cos, sin});
 }

@@ -53,6 +53,7 @@ from mlxspec.engine.verify import (
     sample_token,
     target_probs,
 )
+from mlxspec.targets import host_rope
 from mlxspec.targets.model import Target
 
 
@@ -294,8 +295,9 @@ class SpecBatch(BatchRows):
         final norm and the LM head only over the real rows (the head is a fifth of SmolLM2's
         forward; padding rows would pay it for nothing)."""
         govern()  # OpenBLAS's thread count follows the host's load (as Target.__call__ does)
-        h, vtaps = self.target._run(lambda: self.target.inner(tokens, cache=self.layers), tokens, self.layers,
-                                    self.taps, "hidden")
+        with host_rope.installed():  # RoPE at each row's own offset and RMSNorm as single ops, MLX's bits
+            h, vtaps = self.target._run(lambda: self.target.inner(tokens, cache=self.layers), tokens, self.layers,
+                                        self.taps, "hidden")
         flat = h.reshape(tokens.shape[0] * tokens.shape[1], h.shape[-1])
         whole = rows_idx is None or len(rows_idx) == flat.shape[0]
         return self.target.lm_head(flat if whole else flat[mx.array(rows_idx)]), vtaps

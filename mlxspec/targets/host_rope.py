@@ -19,10 +19,11 @@ ms of evaluation in a ~45 ms decode step here (`scripts/bench_rope.py`, docs/res
   CPU with the same rounding, `mlxspec.cpu_jit`), 3 evaluated operations instead of 7.
 
 `check()` compares both with the originals bit for bit in each process before the first use
-(offsets from 0 to 70,000, partial and full rotary dims, both layouts, transposed inputs, several
+(offsets from 0 to 70,000 and per batch row, partial and full rotary dims, both layouts, transposed inputs, several
 bases and scales, given frequencies; norms of several widths and magnitudes); tests/test_host_rope.py compares whole
 forwards. Where the check fails, the extension is missing, or a call is one these do not cover
-(array offsets, another dtype or rank, a stream), the originals run unchanged.
+(another dtype or rank, a stream, an offset that is neither an int nor one int32 per batch row,
+a negative one), the originals run unchanged.
 `Target.__call__` installs them for the duration of a forward (`installed()`), never around
 training (no gradient through the op). MLXSPEC_HOST_MATH=0 turns them off with the host math.
 """
@@ -61,24 +62,43 @@ def _table(dims: int, base, scale: float, freqs, need: int):
     return t
 
 
-def _rope_eligible(a, dims, base, offset, freqs, stream) -> bool:
-    return (stream is None and (base is None) != (freqs is None) and type(offset) is int
-            and 0 <= offset and offset + a.shape[-2] < MAX_POSITION and a.ndim == 4 and a.dtype == mx.float32
+def _offsets(offset, batch: int):
+    """The offset as an int, or a list of one int per batch row (an mx.array of shape [batch]:
+    a ragged batch's row lengths), or None where it is neither."""
+    if type(offset) is int:
+        return offset
+    if isinstance(offset, mx.array) and offset.ndim == 1 and offset.size == batch and offset.dtype == mx.int32:
+        return offset.tolist()
+    return None
+
+
+def _rope_eligible(a, dims, base, offs, freqs, stream) -> bool:
+    lo, hi = (offs, offs) if type(offs) is int else (min(offs), max(offs)) if offs else (-1, 0)
+    return (stream is None and (base is None) != (freqs is None) and a.ndim == 4 and a.dtype == mx.float32
+            and 0 <= lo and hi + a.shape[-2] < MAX_POSITION
             and isinstance(dims, int) and 0 < dims <= a.shape[-1] and dims % 2 == 0)
 
 
 def exact_rope(a, dims, *, traditional, base, scale, offset, freqs=None, stream=None):
     """`mx.fast.rope` as one op where eligible (module docstring), else the original."""
-    if not _rope_eligible(a, dims, base, offset, freqs, stream):
+    offs = _offsets(offset, a.shape[0]) if a.ndim == 4 else None
+    if offs is None or not _rope_eligible(a, dims, base, offs, freqs, stream):
         return _ROPE(a, dims, traditional=traditional, base=base, scale=scale, offset=offset, freqs=freqs,
                      stream=stream)
-    return _host_rope(a, dims, traditional, base, scale, offset, freqs)
+    return _host_rope(a, dims, traditional, base, scale, offs, freqs)
 
 
 def _host_rope(a, dims, traditional, base, scale, offset, freqs=None):
+    """offset: an int, or one int per batch row."""
     T = a.shape[2]
-    cos, sin, _ = _table(dims, base, scale, freqs, offset + T)
-    return host_math._ops().host_rope(a, cos[offset: offset + T], sin[offset: offset + T], dims, bool(traditional))
+    if type(offset) is int:
+        cos, sin, _ = _table(dims, base, scale, freqs, offset + T)
+        cos, sin = cos[offset: offset + T], sin[offset: offset + T]
+    else:
+        cos, sin, _ = _table(dims, base, scale, freqs, max(offset) + T)
+        idx = mx.array(np.asarray(offset, np.int32)[:, None] + np.arange(T, dtype=np.int32))
+        cos, sin = cos[idx], sin[idx]  # [B, T, dims / 2]
+    return host_math._ops().host_rope(a, cos, sin, dims, bool(traditional))
 
 
 @mx.compile
@@ -121,6 +141,13 @@ def check() -> bool:
         if not _same(want, _host_rope(x, dims, trad, base, scale, off, f)):
             ok = False
             _STATE["why"] = f"its RoPE differs from this MLX's ({mx.__version__}; dims {dims} of {D}, offset {off})"
+    if ok:  # a ragged batch: each row at its own offset
+        x = mx.array(rng.standard_normal((3, 4, 5, 64)).astype(np.float32))
+        offs = mx.array([0, 171, 5000], mx.int32)
+        if not _same(_ROPE(x, 64, traditional=False, base=10000.0, scale=1.0, offset=offs),
+                     _host_rope(x, 64, False, 10000.0, 1.0, [0, 171, 5000])):
+            ok = False
+            _STATE["why"] = f"its RoPE differs from this MLX's ({mx.__version__}; offsets per batch row)"
     for n, mag in ((576, 1.0), (960, 30.0), (64, 1e-3), (2048, 1e3)) if ok else ():
         x = mx.array(rng.standard_normal((1, 5, n)).astype(np.float32) * mag)
         w = mx.array(rng.standard_normal((n,)).astype(np.float32))
