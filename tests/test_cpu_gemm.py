@@ -112,9 +112,48 @@ def test_small_products_equal_float64(libs, M, N, K):
         assert np.array_equal(_gemm(ours, A[m : m + 1], W)[0], got[m])
 
 
+def _gemm_nn(lib, A, B, *, alpha=1.0, beta=0.0, C=None, pad=0):
+    """C = alpha * A @ B + beta * C through `lib`, B stored [K, N] (NoTrans, NoTrans), strides padded."""
+    M, K = A.shape
+    N = B.shape[1]
+    Ap = np.zeros((M, K + pad), np.float32)
+    Ap[:, :K] = A
+    Bp = np.zeros((K, N + pad), np.float32)
+    Bp[:, :N] = B
+    Cp = np.zeros((M, N + pad), np.float32)
+    if C is not None:
+        Cp[:, :N] = C
+    lib.cblas_sgemm(ROWMAJOR, NOTRANS, NOTRANS, M, N, K, alpha, _p(Ap), K + pad, _p(Bp), N + pad, beta, _p(Cp), N + pad)
+    return Cp[:, :N]
+
+
+@needs_simd
+@pytest.mark.parametrize("M", [1, 2, 5, 8, 9, 16, 17, 24])
+@pytest.mark.parametrize("N,K", [(64, 309), (70, 17), (512, 1000), (5, 3)])
+def test_small_nn_products_equal_float64_and_each_row_alone(libs, M, N, K):
+    """B not transposed (attention's P @ V): ours up to 512 columns, within float32 rounding of
+    float64, and every row the product of that row alone bit for bit (OpenBLAS's are not on a
+    Zen EPYC: a 9-row verify's attention rounded differently from its decode steps)."""
+    ours, _ = libs
+    rng = np.random.default_rng(M * 7 + N + K)
+    A = rng.standard_normal((M, K), dtype=np.float32)
+    B = rng.standard_normal((K, N), dtype=np.float32)
+    C0 = rng.standard_normal((M, N), dtype=np.float32)
+    ref = A.astype(np.float64) @ B.astype(np.float64)
+    before = _calls(ours)
+    got = _gemm_nn(ours, A, B, pad=3)
+    tol = 1e-6 * np.sqrt(K) * np.abs(A).max() * np.abs(B).max()
+    assert np.abs(got - ref).max() <= tol
+    got2 = _gemm_nn(ours, A, B, alpha=0.5, beta=-2.0, C=C0)
+    assert np.abs(got2 - (0.5 * ref - 2.0 * C0)).max() <= tol
+    assert _calls(ours) == before + 2
+    for m in range(M):
+        assert np.array_equal(_gemm_nn(ours, A[m : m + 1], B)[0], got[m]), m
+
+
 def test_forwarded_products_are_openblas_own(libs):
-    """More rows than the kernel computes, column-major, W not transposed: OpenBLAS's result
-    exactly, not counted."""
+    """More rows than the kernel computes, column-major, W not transposed and wider than 512
+    columns: OpenBLAS's result exactly, not counted."""
     ours, ob = libs
     rng = np.random.default_rng(0)
     A = rng.standard_normal((_kernel_rows(ours) + 1 if SIMD else 25, 64), dtype=np.float32)
@@ -123,8 +162,9 @@ def test_forwarded_products_are_openblas_own(libs):
     assert np.array_equal(_gemm(ours, A, W), _gemm(ob, A, W))
     sq = rng.standard_normal((16, 16), dtype=np.float32)  # square: valid in either storage order
     sqW = rng.standard_normal((16, 16), dtype=np.float32)
-    for kw in ({"order": COLMAJOR}, {"tb": NOTRANS}):
-        assert np.array_equal(_gemm(ours, sq, sqW, **kw), _gemm(ob, sq, sqW, **kw))
+    assert np.array_equal(_gemm(ours, sq, sqW, order=COLMAJOR), _gemm(ob, sq, sqW, order=COLMAJOR))
+    wide = rng.standard_normal((16, 600), dtype=np.float32)
+    assert np.array_equal(_gemm_nn(ours, sq, wide), _gemm_nn(ob, sq, wide))
     assert _calls(ours) == before
 
 

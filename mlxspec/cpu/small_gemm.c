@@ -74,6 +74,8 @@ typedef __mmask16 tailmask;
 #define V_TAIL(rest) ((__mmask16)((1u << (rest)) - 1))
 #define V_LOAD_TAIL(m, p) _mm512_maskz_loadu_ps(m, p)
 #define V_SUM(v) _mm512_reduce_add_ps(v)
+#define V_SET1(x) _mm512_set1_ps(x)
+#define V_STORE(p, v) _mm512_storeu_ps(p, v)
 #else
 /* AVX2: 16 vector registers (AVX-512 has 32), so fewer weight rows per block (the CASE table);
    up to 24 rows in groups of 4 (a lookup's 16 drafts verify 17 rows) */
@@ -85,6 +87,8 @@ typedef __m256i tailmask;
 #define V_FMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define V_TAIL(rest) _mm256_cmpgt_epi32(_mm256_set1_epi32(rest), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
 #define V_LOAD_TAIL(m, p) _mm256_maskload_ps(p, m)
+#define V_SET1(x) _mm256_set1_ps(x)
+#define V_STORE(p, v) _mm256_storeu_ps(p, v)
 static inline float V_SUM(__m256 v) { /* a fixed order: the same sum whatever M is */
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -206,6 +210,54 @@ static int small(int M, int N, int K, float alpha, const float *A, int lda, cons
     return 0;
 }
 
+/* C = alpha * A @ B + beta * C with B stored [K, N] row-major (NoTrans, NoTrans: attention's
+   probabilities times its values, P [L, kL] @ V [kL, D]). Each output sums its K products in
+   ascending k as one FMA chain, whatever M is, so a verify's rows equal the decode steps of the
+   same tokens bit for bit. OpenBLAS's kernels do not: on a 2-core AVX2 EPYC (Zen) its M = 9
+   product rounded rows 0-7 differently from M = 1 and row 8 alike (2026-12-07; its SkylakeX
+   kernels happened to agree). NN_COLS vectors of outputs per row in registers. */
+enum { NN_MAX_N = 512, NN_COLS = 4 };
+static int small_nn(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                    float beta, float *C, int ldc) {
+    if (N > NN_MAX_N) return 0;
+    int NV = N & ~(SMALL_GEMM - 1);
+    for (int m = 0; m < M; m++) {
+        const float *a = A + (size_t)m * lda;
+        float *c = C + (size_t)m * ldc;
+        int n = 0;
+        for (; n + NN_COLS * SMALL_GEMM <= NV; n += NN_COLS * SMALL_GEMM) {
+            vec acc[NN_COLS];
+#pragma GCC unroll 4
+            for (int j = 0; j < NN_COLS; j++) acc[j] = V_ZERO();
+            for (int k = 0; k < K; k++) {
+                vec x = V_SET1(a[k]);
+                const float *b = B + (size_t)k * ldb + n;
+#pragma GCC unroll 4
+                for (int j = 0; j < NN_COLS; j++) acc[j] = V_FMA(x, V_LOAD(b + j * SMALL_GEMM), acc[j]);
+            }
+#pragma GCC unroll 4
+            for (int j = 0; j < NN_COLS; j++) {
+                float out[SMALL_GEMM];
+                V_STORE(out, acc[j]);
+                for (int l = 0; l < SMALL_GEMM; l++) {
+                    float *o = c + n + j * SMALL_GEMM + l;
+                    *o = beta == 0.f ? alpha * out[l] : alpha * out[l] + beta * *o;
+                }
+            }
+        }
+        for (; n < N; n += SMALL_GEMM) { /* one vector at a time, the last one masked */
+            int w = N - n < SMALL_GEMM ? N - n : SMALL_GEMM;
+            tailmask t = V_TAIL(w);
+            vec acc = V_ZERO();
+            for (int k = 0; k < K; k++) acc = V_FMA(V_SET1(a[k]), V_LOAD_TAIL(t, B + (size_t)k * ldb + n), acc);
+            float out[SMALL_GEMM];
+            V_STORE(out, acc);
+            for (int l = 0; l < w; l++) c[n + l] = beta == 0.f ? alpha * out[l] : alpha * out[l] + beta * c[n + l];
+        }
+    }
+    return 1;
+}
+
 /* Two cores: while OpenBLAS may run more than one thread (the governor saw the cores free), a
    product big enough is split by output columns between the calling thread and one worker of
    ours. Each output is still summed by one thread in the same order, so the result is the same
@@ -315,6 +367,12 @@ void cblas_sgemm(int order, int ta, int tb, int M, int N, int K, float alpha, co
             __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
             return;
         }
+    }
+    if (order == RowMajor && ta == NoTrans && tb == NoTrans && M >= 1 && M <= max_rows && M <= KERNEL_ROWS &&
+        N >= 1 && K >= 1 && lda >= K && ldb >= N && ldc >= N &&
+        small_nn(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc)) {
+        __atomic_add_fetch(&calls, 1, __ATOMIC_RELAXED);
+        return;
     }
 #endif
     if (!next_sgemm) next_sgemm = (sgemm_fn)dlsym(RTLD_NEXT, "cblas_sgemm");

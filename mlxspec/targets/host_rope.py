@@ -82,7 +82,7 @@ def _rope_eligible(a, dims, base, offs, freqs, stream) -> bool:
 def exact_rope(a, dims, *, traditional, base, scale, offset, freqs=None, stream=None):
     """`mx.fast.rope` as one op where eligible (module docstring), else the original."""
     offs = _offsets(offset, a.shape[0]) if a.ndim == 4 else None
-    if offs is None or not _rope_eligible(a, dims, base, offs, freqs, stream):
+    if offs is None or not _rope_eligible(a, dims, base, offs, freqs, stream) or not host_math.in_graph():
         return _ROPE(a, dims, traditional=traditional, base=base, scale=scale, offset=offset, freqs=freqs,
                      stream=stream)
     return _host_rope(a, dims, traditional, base, scale, offs, freqs)
@@ -121,12 +121,14 @@ def _same(a, b) -> bool:
 
 def check() -> bool:
     """Whether both equal the originals bit for bit on the cases below, in this process (MLX's
-    version and this CPU); the first call decides."""
+    version and this CPU): the first call with the host math on as MLX primitives decides; while
+    they are not available (off, or not built), False."""
+    if not (host_math.usable() and host_math.in_graph() and hasattr(host_math._ops(), "host_rope")):
+        _STATE["why"] = "the host math is off or not MLX primitives"  # looked at every call: no verdict kept
+        return False
     if "ok" in _STATE:
         return _STATE["ok"]
-    ok = host_math.usable() and host_math.in_graph() and hasattr(host_math._ops(), "host_rope")
-    if not ok:
-        _STATE["why"] = "the host math is off or not MLX primitives"
+    ok = True
     rng = np.random.default_rng(0)
     cases = [(9, 64, 64, 1, 0, False, 10000.0, 1.0), (9, 64, 64, 5, 183, False, 100000.0, 1.0),
              (3, 64, 64, 17, 4090, False, 100000.0, 1.0), (4, 128, 64, 9, 70000, False, 1e6, 1.0),
@@ -162,7 +164,7 @@ def check() -> bool:
 def installed():
     """Inside (where `check()` passed on the CPU), `mx.fast.rope` is `exact_rope` and
     `mx.fast.rms_norm` is `exact_rms_norm`."""
-    if mx.default_device() != mx.cpu or not check() or mx.fast.rope is exact_rope:
+    if mx.default_device() != mx.cpu or not check() or not host_math.in_graph() or mx.fast.rope is exact_rope:
         yield
         return
     mx.fast.rope, mx.fast.rms_norm = exact_rope, exact_rms_norm
