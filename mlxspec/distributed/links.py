@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import struct
 
@@ -52,6 +53,24 @@ class Links:
 
     def __init__(self, socks: dict, wd: Watchdog):
         self.socks, self.wd = socks, wd
+        wd.probe = self.closed_peer
+
+    def closed_peer(self) -> int | None:
+        """A peer whose link its kernel closed or reset (the process died), else None. Called by
+        the watchdog thread during guarded waits: a rank killed inside an MLX collective is found
+        here, not only by the deadline (the ring backend does not always raise on a dead peer).
+        Peeks without consuming and without blocking; data waiting, or none, means alive."""
+        for peer, s in list(self.socks.items()):
+            try:
+                if not select.select([s], [], [], 0)[0]:
+                    continue
+                if s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                    return peer
+            except BlockingIOError:
+                continue  # the waiting recv took what was there
+            except OSError:
+                return peer  # reset
+        return None
 
     @classmethod
     def connect(cls, group, wd: Watchdog):

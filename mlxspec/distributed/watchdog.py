@@ -11,11 +11,16 @@ import time
 from mlxspec.errors import MlxspecError
 
 
+GRACE = 1.0  # seconds a wait goes on after a peer's link closed before this rank gives up
+
+
 class Watchdog:
     """Ends the process with one line when a guarded wait takes longer than `timeout`.
 
     A blocked collective cannot be interrupted from Python, so the watchdog thread prints
     and calls os._exit(2)."""
+
+    probe = None  # -> a rank whose link closed, or None (`Links.closed_peer`, set by Links)
 
     def __init__(self, rank: int, size: int, timeout: float | None):
         self.rank, self.size, self.timeout = rank, size, timeout
@@ -32,10 +37,20 @@ class Watchdog:
         return f"rank {others[0]}" if len(others) == 1 else "one of ranks " + ",".join(map(str, others))
 
     def _run(self):
+        closed_at = None  # (the wait's deadline, when its peer's link was first seen closed)
         while True:
             time.sleep(0.2)
             with self._lock:
                 d, what = self._deadline, self._what
+            lost = self.probe() if d is not None and self.probe is not None else None
+            # a closed link ends the rank only if the same wait is still going a second later: a
+            # peer that finished and exited while this rank completes its last collective is not lost
+            closed_at = (closed_at if closed_at and closed_at[0] == d else (d, time.monotonic())) \
+                if lost is not None else None
+            if lost is not None and time.monotonic() - closed_at[1] >= GRACE:
+                print(f"mlxspec: error: rank {self.rank}: lost rank {lost} during {what} (its link closed); "
+                      f"it died: check its log", file=sys.stderr, flush=True)
+                os._exit(2)
             if d is not None and time.monotonic() > d:
                 print(f"mlxspec: error: rank {self.rank}: {self.peers()} did not answer within "
                       f"{self.timeout:g}s ({what}); it is dead, stopped or unreachable", file=sys.stderr, flush=True)
