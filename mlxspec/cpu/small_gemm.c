@@ -217,42 +217,60 @@ static int small(int M, int N, int K, float alpha, const float *A, int lda, cons
    product rounded rows 0-7 differently from M = 1 and row 8 alike (2026-12-07; its SkylakeX
    kernels happened to agree). NN_COLS vectors of outputs per row in registers. */
 enum { NN_MAX_N = 512, NN_COLS = 4 };
+
+static inline void nn_put(float *c, vec acc, int w, float alpha, float beta) {
+    float out[SMALL_GEMM];
+    V_STORE(out, acc);
+    for (int l = 0; l < w; l++) c[l] = beta == 0.f ? alpha * out[l] : alpha * out[l] + beta * c[l];
+}
+
+/* MR (1 or 2) rows of C, columns [n, n + NN_COLS vectors): MR x NN_COLS independent chains (the
+   FMA latency hidden), each B vector loaded once for both rows */
+__attribute__((always_inline)) static inline void nn_block(int MR, int n, int K, float alpha, const float *A,
+                                                           int lda, const float *B, int ldb, float beta, float *C,
+                                                           int ldc) {
+    vec acc[2][NN_COLS];
+#pragma GCC unroll 2
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NN_COLS; j++) acc[r][j] = V_ZERO();
+    for (int k = 0; k < K; k++) {
+        const float *b = B + (size_t)k * ldb + n;
+        vec w[NN_COLS];
+#pragma GCC unroll 4
+        for (int j = 0; j < NN_COLS; j++) w[j] = V_LOAD(b + j * SMALL_GEMM);
+#pragma GCC unroll 2
+        for (int r = 0; r < MR; r++) {
+            vec x = V_SET1(A[(size_t)r * lda + k]);
+#pragma GCC unroll 4
+            for (int j = 0; j < NN_COLS; j++) acc[r][j] = V_FMA(x, w[j], acc[r][j]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int r = 0; r < MR; r++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NN_COLS; j++) nn_put(C + (size_t)r * ldc + n + j * SMALL_GEMM, acc[r][j], SMALL_GEMM, alpha, beta);
+}
+
 static int small_nn(int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
                     float beta, float *C, int ldc) {
     if (N > NN_MAX_N) return 0;
-    int NV = N & ~(SMALL_GEMM - 1);
-    for (int m = 0; m < M; m++) {
+    int NB = N / (NN_COLS * SMALL_GEMM) * (NN_COLS * SMALL_GEMM);
+    int m = 0;
+    for (; m + 2 <= M; m += 2)
+        for (int n = 0; n < NB; n += NN_COLS * SMALL_GEMM)
+            nn_block(2, n, K, alpha, A + (size_t)m * lda, lda, B, ldb, beta, C + (size_t)m * ldc, ldc);
+    if (m < M)
+        for (int n = 0; n < NB; n += NN_COLS * SMALL_GEMM)
+            nn_block(1, n, K, alpha, A + (size_t)m * lda, lda, B, ldb, beta, C + (size_t)m * ldc, ldc);
+    for (m = 0; m < M && NB < N; m++) { /* the columns past the blocks: a vector at a time, the last masked */
         const float *a = A + (size_t)m * lda;
-        float *c = C + (size_t)m * ldc;
-        int n = 0;
-        for (; n + NN_COLS * SMALL_GEMM <= NV; n += NN_COLS * SMALL_GEMM) {
-            vec acc[NN_COLS];
-#pragma GCC unroll 4
-            for (int j = 0; j < NN_COLS; j++) acc[j] = V_ZERO();
-            for (int k = 0; k < K; k++) {
-                vec x = V_SET1(a[k]);
-                const float *b = B + (size_t)k * ldb + n;
-#pragma GCC unroll 4
-                for (int j = 0; j < NN_COLS; j++) acc[j] = V_FMA(x, V_LOAD(b + j * SMALL_GEMM), acc[j]);
-            }
-#pragma GCC unroll 4
-            for (int j = 0; j < NN_COLS; j++) {
-                float out[SMALL_GEMM];
-                V_STORE(out, acc[j]);
-                for (int l = 0; l < SMALL_GEMM; l++) {
-                    float *o = c + n + j * SMALL_GEMM + l;
-                    *o = beta == 0.f ? alpha * out[l] : alpha * out[l] + beta * *o;
-                }
-            }
-        }
-        for (; n < N; n += SMALL_GEMM) { /* one vector at a time, the last one masked */
+        for (int n = NB; n < N; n += SMALL_GEMM) {
             int w = N - n < SMALL_GEMM ? N - n : SMALL_GEMM;
             tailmask t = V_TAIL(w);
             vec acc = V_ZERO();
             for (int k = 0; k < K; k++) acc = V_FMA(V_SET1(a[k]), V_LOAD_TAIL(t, B + (size_t)k * ldb + n), acc);
-            float out[SMALL_GEMM];
-            V_STORE(out, acc);
-            for (int l = 0; l < w; l++) c[n + l] = beta == 0.f ? alpha * out[l] : alpha * out[l] + beta * c[n + l];
+            nn_put(C + (size_t)m * ldc + n, acc, w, alpha, beta);
         }
     }
     return 1;
