@@ -56,17 +56,18 @@ def _calls(ours) -> int:
 
 
 def _gemm(lib, A, W, *, alpha=1.0, beta=0.0, C=None, order=ROWMAJOR, tb=TRANS, pad=0):
-    """C = alpha * A @ W.T + beta * C through `lib`, with rows padded by `pad` (strides > widths)."""
+    """C = alpha * A @ W.T + beta * C through `lib` (W [N, K]; with tb=NOTRANS, C = A @ W, W [K, N]),
+    with rows padded by `pad` (strides > widths)."""
     M, K = A.shape
-    N = W.shape[0]
+    N = W.shape[0] if tb == TRANS else W.shape[1]
     Ap = np.zeros((M, K + pad), np.float32)
     Ap[:, :K] = A
-    Wp = np.zeros((N, K + pad), np.float32)
-    Wp[:, :K] = W
+    Wp = np.zeros((W.shape[0], W.shape[1] + pad), np.float32)
+    Wp[:, :W.shape[1]] = W
     Cp = np.zeros((M, N + pad), np.float32)
     if C is not None:
         Cp[:, :N] = C
-    lib.cblas_sgemm(order, NOTRANS, tb, M, N, K, alpha, _p(Ap), K + pad, _p(Wp), K + pad, beta, _p(Cp), N + pad)
+    lib.cblas_sgemm(order, NOTRANS, tb, M, N, K, alpha, _p(Ap), K + pad, _p(Wp), W.shape[1] + pad, beta, _p(Cp), N + pad)
     return Cp[:, :N]
 
 
@@ -112,21 +113,6 @@ def test_small_products_equal_float64(libs, M, N, K):
         assert np.array_equal(_gemm(ours, A[m : m + 1], W)[0], got[m])
 
 
-def _gemm_nn(lib, A, B, *, alpha=1.0, beta=0.0, C=None, pad=0):
-    """C = alpha * A @ B + beta * C through `lib`, B stored [K, N] (NoTrans, NoTrans), strides padded."""
-    M, K = A.shape
-    N = B.shape[1]
-    Ap = np.zeros((M, K + pad), np.float32)
-    Ap[:, :K] = A
-    Bp = np.zeros((K, N + pad), np.float32)
-    Bp[:, :N] = B
-    Cp = np.zeros((M, N + pad), np.float32)
-    if C is not None:
-        Cp[:, :N] = C
-    lib.cblas_sgemm(ROWMAJOR, NOTRANS, NOTRANS, M, N, K, alpha, _p(Ap), K + pad, _p(Bp), N + pad, beta, _p(Cp), N + pad)
-    return Cp[:, :N]
-
-
 @needs_simd
 @pytest.mark.parametrize("M", [1, 2, 5, 8, 9, 16, 17, 24])
 @pytest.mark.parametrize("N,K", [(64, 309), (70, 17), (512, 1000), (5, 3)])
@@ -141,14 +127,14 @@ def test_small_nn_products_equal_float64_and_each_row_alone(libs, M, N, K):
     C0 = rng.standard_normal((M, N), dtype=np.float32)
     ref = A.astype(np.float64) @ B.astype(np.float64)
     before = _calls(ours)
-    got = _gemm_nn(ours, A, B, pad=3)
+    got = _gemm(ours, A, B, tb=NOTRANS, pad=3)
     tol = 1e-6 * np.sqrt(K) * np.abs(A).max() * np.abs(B).max()
     assert np.abs(got - ref).max() <= tol
-    got2 = _gemm_nn(ours, A, B, alpha=0.5, beta=-2.0, C=C0)
+    got2 = _gemm(ours, A, B, tb=NOTRANS, alpha=0.5, beta=-2.0, C=C0)
     assert np.abs(got2 - (0.5 * ref - 2.0 * C0)).max() <= tol
     assert _calls(ours) == before + 2
     for m in range(M):
-        assert np.array_equal(_gemm_nn(ours, A[m : m + 1], B)[0], got[m]), m
+        assert np.array_equal(_gemm(ours, A[m : m + 1], B, tb=NOTRANS)[0], got[m]), m
 
 
 def test_forwarded_products_are_openblas_own(libs):
@@ -164,7 +150,7 @@ def test_forwarded_products_are_openblas_own(libs):
     sqW = rng.standard_normal((16, 16), dtype=np.float32)
     assert np.array_equal(_gemm(ours, sq, sqW, order=COLMAJOR), _gemm(ob, sq, sqW, order=COLMAJOR))
     wide = rng.standard_normal((16, 600), dtype=np.float32)
-    assert np.array_equal(_gemm_nn(ours, sq, wide), _gemm_nn(ob, sq, wide))
+    assert np.array_equal(_gemm(ours, sq, wide, tb=NOTRANS), _gemm(ob, sq, wide, tb=NOTRANS))
     assert _calls(ours) == before
 
 

@@ -1,6 +1,7 @@
 /* cblas_sgemm for the shapes of a decode or verify step on an x86-64 CPU: C = alpha * A @ B^T +
    beta * C, A [M, K] row-major, B stored [N, K] row-major (an nn.Linear weight, B^T as MLX passes
-   it), 1 <= M <= max_rows and the kernel's rows (24; while OpenBLAS runs more than one thread: M <= threaded_rows). Anything
+   it), 1 <= M <= max_rows and the kernel's rows (24; while OpenBLAS runs more than one thread: M <= threaded_rows); and
+   C = alpha * A @ B + beta * C with B stored [K, N] (attention's P @ V) for the same M and N <= 512 (small_nn). Anything
    else goes to the cblas_sgemm this one stands in front of (mlxspec/cpu_gemm.py loads it before OpenBLAS).
 
    Why: OpenBLAS packs B for every GEMM; with a few rows that packing, not the arithmetic, is the

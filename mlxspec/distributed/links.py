@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import socket
 import struct
 
@@ -62,12 +61,10 @@ class Links:
         Peeks without consuming and without blocking; data waiting, or none, means alive."""
         for peer, s in list(self.socks.items()):
             try:
-                if not select.select([s], [], [], 0)[0]:
-                    continue
                 if s.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
                     return peer
             except BlockingIOError:
-                continue  # the waiting recv took what was there
+                continue  # nothing waiting: open
             except OSError:
                 return peer  # reset
         return None

@@ -45,9 +45,11 @@ class Watchdog:
             lost = self.probe() if d is not None and self.probe is not None else None
             # a closed link ends the rank only if the same wait is still going a second later: a
             # peer that finished and exited while this rank completes its last collective is not lost
-            closed_at = (closed_at if closed_at and closed_at[0] == d else (d, time.monotonic())) \
-                if lost is not None else None
-            if lost is not None and time.monotonic() - closed_at[1] >= GRACE:
+            if lost is None:
+                closed_at = None
+            elif closed_at is None or closed_at[0] != d:
+                closed_at = (d, time.monotonic())
+            if closed_at is not None and time.monotonic() - closed_at[1] >= GRACE:
                 print(f"mlxspec: error: rank {self.rank}: lost rank {lost} during {what} (its link closed); "
                       f"it died: check its log", file=sys.stderr, flush=True)
                 os._exit(2)
