@@ -15,7 +15,7 @@ from mlxspec.targets.load import load_target
 from mlxspec.train.data import DEFAULT_SOURCES, prepare_generated_shards, prepare_shards
 from mlxspec.train.export import export_all
 from mlxspec.train.heldout import build_heldout, default_heldout_dir, target_name
-from mlxspec.train.regen import TEMPS, kinds_for, prepare_regen_store
+from mlxspec.train.regen import QUESTION_SOURCES, TEMPS, kinds_for, prepare_regen_store
 from mlxspec.train.batches import parse_data_mix
 from mlxspec.train.config import TrainConfig
 from mlxspec.train.trainer import train
@@ -69,6 +69,10 @@ def add_train_args(p):
     p.add_argument("--regen-temps", default="0,0.7",
                    help="regen mode: the answer temperatures, comma-separated; each makes a chat and a "
                         "continuation kind, drawn in equal parts (default 0,0.7)")
+    p.add_argument("--regen-questions", choices=QUESTION_SOURCES, default="corpus",
+                   help="regen mode: where the chat questions come from: corpus (questions built from the "
+                        "training split), self (the target asks them itself: its chat template sampled up to "
+                        "the user turn), mixed (the two in turn); default corpus")
     p.add_argument("--data-seconds", type=float, default=None,
                    help="corpus mode: stop preparing data after this many seconds (rerun to resume)")
     p.add_argument("--data-batch", type=int, default=None,
@@ -197,6 +201,9 @@ def check_train_args(a) -> None:
                            "no corpus prefix); drop --prefix-len or pass --data-mode generated")
     check_int_arg("--regen-windows", a.regen_windows, 1)
     a.regen_temps = _parse_temps(a.regen_temps)
+    if a.data_mode != "regen" and a.regen_questions != "corpus":
+        raise MlxspecError(f"--regen-questions applies to --data-mode regen (the target answers questions there); "
+                           f"drop it for --data-mode {a.data_mode}")
     if a.data_mode != "regen" and a.regen_temps != list(TEMPS):
         raise MlxspecError(f"--regen-temps applies to --data-mode regen (the target answers prompts there); drop it "
                            f"for --data-mode {a.data_mode}")
@@ -298,7 +305,8 @@ def cmd_train(a) -> int:
     elif a.data_mode == "regen":
         with writing("--data", data):
             prepare_regen_store(target, tok, data, taps, a.seq_len, windows=a.regen_windows, batch=a.data_batch or 64,
-                                seed=a.seed, max_seconds=a.data_seconds, temps=a.regen_temps)
+                                seed=a.seed, max_seconds=a.data_seconds, temps=a.regen_temps,
+                                questions=a.regen_questions)
     elif a.data_mode == "corpus":
         stored = data / "meta.json"
         if stored.exists() and a.tokens is None:

@@ -62,6 +62,9 @@ def kinds_for(temps=TEMPS) -> tuple[str, ...]:
 
 KINDS = kinds_for(TEMPS)  # ("chat-t0", "chat-t0.7", "cont-t0", "cont-t0.7")
 QUESTIONS = 2  # the chat question set: 1 = code and prose questions; 2 = plus conversational ones (chat-gen)
+# --regen-questions: corpus = `chat_questions` (set QUESTIONS); self = the target's own questions
+# (`mlxspec.train.asked`); mixed = the two in turn
+QUESTION_SOURCES = ("corpus", "self", "mixed")
 _ROLE = re.compile(r":[\w:-]+:`~?([^`<]+?)(?: <[^>]*>)?`")  # :func:`x` / :class:`~a.b` -> x
 
 
@@ -235,12 +238,21 @@ def generate_windows(target, prompts: list[list[int]], taps, seq_len: int, temp:
 
 
 def plan_items(tokenizer, n_windows: int, prefix_len: int = 64, seed: int = 0, max_prompt: int = 96,
-               kinds: tuple[str, ...] = KINDS):
-    """The prompt pool of each kind (`kinds_for`): chat prompts and corpus prefixes dealt in turn."""
+               kinds: tuple[str, ...] = KINDS, asked: list[str] | None = None, questions: str = "corpus"):
+    """The prompt pool of each kind (`kinds_for`): chat prompts and corpus prefixes dealt in turn.
+
+    questions: where the chat prompts come from (`QUESTION_SOURCES`); `asked` holds the
+    target's own questions for "self" and "mixed" (`mlxspec.train.asked`)."""
     chat_kinds = [k for k in kinds if k.startswith("chat-")]
     cont_kinds = [k for k in kinds if k.startswith("cont-")]
     per = n_windows // len(kinds) + 1
-    qs = chat_questions(seed)
+    own = [("chat-self", q) for q in asked or []]
+    if questions == "self":
+        qs = own
+    elif questions == "mixed":  # one of the target's own questions, then one from the corpus, in turn
+        qs = [x for tup in itertools.zip_longest(own, chat_questions(seed)) for x in tup if x is not None]
+    else:
+        qs = chat_questions(seed)
     chat = []
     for cat, q in qs:
         ids = encode_prompt(tokenizer, "chat", q)
@@ -259,7 +271,7 @@ def plan_items(tokenizer, n_windows: int, prefix_len: int = 64, seed: int = 0, m
 
 def prepare_regen_store(target, tokenizer, out_dir, taps: list[int], seq_len: int = 256, windows: int = 2048,
                         batch: int = 32, seed: int = 0, max_seconds: float | None = None,
-                        temps=TEMPS) -> Path:
+                        temps=TEMPS, questions: str = "corpus") -> Path:
     """Stream the target's own answers into a resumable store (module docstring).
 
     Batches cycle through the kinds of `temps` (by default chat greedy, chat T=0.7,
@@ -267,12 +279,18 @@ def prepare_regen_store(target, tokenizer, out_dir, taps: list[int], seq_len: in
     in equal parts. Prompts in a batch are
     of similar length (sorted within a pool chunk) to keep left padding small."""
     kinds = kinds_for(temps)
+    if questions not in QUESTION_SOURCES:
+        raise MlxspecError(f"--regen-questions {questions!r}: pass one of {', '.join(QUESTION_SOURCES)}")
+    if questions != "corpus":
+        from mlxspec.train.asked import user_prefix
+
+        user_prefix(tokenizer)  # a target without a chat template: one line before any file is written
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     windows = (windows // batch) * batch or batch
     settings = {"format": REGEN_FORMAT, "taps": list(taps), "seq_len": seq_len, "topk": TOPK, "windows": windows,
                 "batch": batch, "seed": seed, "model": str(getattr(target.info, "source", "")), "kinds": list(kinds),
-                "questions": QUESTIONS}
+                "questions": QUESTIONS if questions == "corpus" else questions}
     meta_p, prog_p = out / "meta.json", out / "progress.json"
     if meta_p.exists():
         old = json.loads(meta_p.read_text())
@@ -296,7 +314,13 @@ def prepare_regen_store(target, tokenizer, out_dir, taps: list[int], seq_len: in
     prog = json.loads(prog_p.read_text())
     done, spent, ntok = int(prog["done"]), float(prog["seconds"]), int(prog.get("tokens", 0))
     mm = {k: np.load(out / f"{k}.npy", mmap_mode="r+") for k in REGEN_ARRAYS}
-    pools = plan_items(tokenizer, windows, seed=seed, kinds=kinds)
+    asked = None
+    if questions != "corpus":
+        from mlxspec.train.asked import stored_questions
+
+        n_chat = sum(k.startswith("chat-") for k in kinds) * (windows // len(kinds) + 1)
+        asked = stored_questions(target, tokenizer, out, n_chat if questions == "self" else n_chat // 2 + 1, seed)
+    pools = plan_items(tokenizer, windows, seed=seed, kinds=kinds, asked=asked, questions=questions)
     eos = tokenizer.eos_token_ids
     bar = tqdm(total=windows, initial=done, unit="win", desc="target answers", disable=None, smoothing=0.1)
     t_start = time.time()
