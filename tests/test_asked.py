@@ -88,3 +88,25 @@ def test_regen_questions_outside_regen_mode_or_without_a_template_is_one_line(tm
     err = capsys.readouterr().err
     assert rc == 2 and "--regen-questions self needs a target with a chat template" in err, err
     assert len(err.strip().splitlines()) == 1 and not (d / "meta.json").exists()
+
+
+def test_a_self_question_store_answers_the_questions_it_keeps(smollm2, tmp_path):
+    """prepare_regen_store with questions="self": questions.json is written first, every chat
+    window's prompt is one of its questions in the target's chat template, the store records
+    the setting, and a resume with corpus questions is refused."""
+    import numpy as np
+
+    from mlxspec.prompts import encode_prompt
+    from mlxspec.train.regen import prepare_regen_store
+
+    target, tok = smollm2
+    d = tmp_path / "s"
+    prepare_regen_store(target, tok, d, [1, 8, 15], seq_len=96, windows=4, batch=1, seed=2, questions="self")
+    qs = json.loads((d / "questions.json").read_text())["questions"]
+    assert json.loads((d / "meta.json").read_text())["questions"] == "self"
+    src, start, tokens = (np.load(d / f"{k}.npy") for k in ("source", "start", "tokens"))
+    prompts = {tuple(encode_prompt(tok, "chat", q)) for q in qs}
+    chat = [i for i in range(4) if src[i].startswith("chat-")]
+    assert len(chat) == 2 and all(tuple(tokens[i, : start[i]]) in prompts for i in chat)
+    with pytest.raises(MlxspecError, match="prepared with other settings \\(questions\\)"):
+        prepare_regen_store(target, tok, d, [1, 8, 15], seq_len=96, windows=4, batch=1, seed=2)
