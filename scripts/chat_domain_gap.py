@@ -39,7 +39,7 @@ def main():
     from mlxspec.train.asked import sample_questions
     from mlxspec.train.eagle3 import frozen_for_eagle3, heldout_lengths
     from mlxspec.train.heldout import heldout_tau
-    from mlxspec.train.regen import chat_questions, generate_windows, kinds_for
+    from mlxspec.train.regen import chat_pool_size, chat_questions, generate_windows
 
     target, tok, _ = load(None, None)
     taps = None
@@ -50,7 +50,7 @@ def main():
         assert list(cfg.target_layer_ids) == taps, f"{d}: other taps"
         models.append((d, m))
 
-    n_chat = 2 * (a.windows // len(kinds_for()) + 1)  # a store's chat windows (chat-t0 and chat-t0.7)
+    n_chat = chat_pool_size(a.windows)  # the chat questions a store of the default kinds answers
     used = {q for s in range(a.corpus_seeds) for _, q in chat_questions(s)[:n_chat]}
     unseen = [q for _, q in chat_questions(0) if q not in used]
     rng = np.random.default_rng(0)

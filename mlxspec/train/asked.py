@@ -73,18 +73,18 @@ def sample_questions(target, tokenizer, n: int, seed: int = 0, max_tokens: int =
                                "pass --regen-questions corpus")
         cache = make_prompt_cache(target.model)
         logits = target.model(mx.array([prefix] * batch), cache=cache)[:, -1]
-        rows = np.zeros((batch, 0), np.int32)
+        steps: list[np.ndarray] = []
         done = np.zeros(batch, bool)
         for _ in range(max_tokens):
             key, sub = mx.random.split(key)
             nxt = mx.random.categorical(_min_p(logits, min_p) / temp, key=sub).astype(mx.int32)
             t = np.asarray(nxt)
-            rows = np.concatenate([rows, t[:, None]], axis=1)
+            steps.append(t)
             done |= np.isin(t, eos)
             if done.all():
                 break
             logits = target.model(nxt[:, None], cache=cache)[:, -1]
-        for r in rows:
+        for r in np.stack(steps, axis=1):
             hit = np.nonzero(np.isin(r, eos))[0]
             if not len(hit):  # ran past max_tokens: not one question
                 continue

@@ -141,7 +141,17 @@ def chat_questions(seed: int = 0) -> list[tuple[str, str]]:
     pools.append([("chat-gen", q) for q in dict.fromkeys(gen) if q not in seen])
     pools = [[p[i] for i in rng.permutation(len(p))] for p in pools if p]
     # round robin, so that any prefix asks the three kinds of question in equal parts
+    return in_turn(*pools)
+
+
+def in_turn(*pools: list) -> list:
+    """The pools' items dealt one from each in turn, until every pool is spent."""
     return [x for tup in itertools.zip_longest(*pools) for x in tup if x is not None]
+
+
+def chat_pool_size(n_windows: int, kinds: tuple[str, ...] = KINDS) -> int:
+    """How many chat prompts `plan_items` deals for a store of n_windows windows of these kinds."""
+    return sum(k.startswith("chat-") for k in kinds) * (n_windows // len(kinds) + 1)
 
 
 def corpus_prefixes(tokenizer, prefix_len: int, n: int, seed: int = 0) -> list[tuple[str, list[int]]]:
@@ -246,11 +256,12 @@ def plan_items(tokenizer, n_windows: int, prefix_len: int = 64, seed: int = 0, m
     chat_kinds = [k for k in kinds if k.startswith("chat-")]
     cont_kinds = [k for k in kinds if k.startswith("cont-")]
     per = n_windows // len(kinds) + 1
+    n_chat = chat_pool_size(n_windows, kinds)
     own = [("chat-self", q) for q in asked or []]
     if questions == "self":
         qs = own
     elif questions == "mixed":  # one of the target's own questions, then one from the corpus, in turn
-        qs = [x for tup in itertools.zip_longest(own, chat_questions(seed)) for x in tup if x is not None]
+        qs = in_turn(own, chat_questions(seed))
     else:
         qs = chat_questions(seed)
     chat = []
@@ -258,7 +269,7 @@ def plan_items(tokenizer, n_windows: int, prefix_len: int = 64, seed: int = 0, m
         ids = encode_prompt(tokenizer, "chat", q)
         if len(ids) <= max_prompt:
             chat.append((cat, ids))
-        if len(chat) >= len(chat_kinds) * per:
+        if len(chat) >= n_chat:
             break
     cont = corpus_prefixes(tokenizer, prefix_len, len(cont_kinds) * per, seed)
     if not chat or not cont:
@@ -318,7 +329,7 @@ def prepare_regen_store(target, tokenizer, out_dir, taps: list[int], seq_len: in
     if questions != "corpus":
         from mlxspec.train.asked import stored_questions
 
-        n_chat = sum(k.startswith("chat-") for k in kinds) * (windows // len(kinds) + 1)
+        n_chat = chat_pool_size(windows, kinds)
         asked = stored_questions(target, tokenizer, out, n_chat if questions == "self" else n_chat // 2 + 1, seed)
     pools = plan_items(tokenizer, windows, seed=seed, kinds=kinds, asked=asked, questions=questions)
     eos = tokenizer.eos_token_ids
