@@ -61,7 +61,8 @@ def main():
     cache.mkdir(parents=True, exist_ok=True)
     for name, qs in sets.items():  # one store per set: <cache>/<name>/chat.npz, as build_heldout writes it
         f = cache / name / "chat.npz"
-        if f.exists() and json.loads((cache / name / "questions.json").read_text()) == qs:
+        kept = cache / name / "questions.json"  # written after chat.npz: both there = a finished store
+        if f.exists() and kept.exists() and json.loads(kept.read_text()) == qs:
             continue
         f.parent.mkdir(exist_ok=True)
         ids = [encode_prompt(tok, "chat", q) for q in qs]
@@ -69,7 +70,7 @@ def main():
         rows = generate_windows(target, ids, taps, P + a.max_tokens + 1, 0.0, tok.eos_token_ids, 0, exact_taps=True)
         np.savez(f, **{k: np.stack([r[k] for r in rows]) for k in ("tokens", "taps", "start", "end")},
                  max_tokens=a.max_tokens, temp=0.0, seed=0)
-        (cache / name / "questions.json").write_text(json.dumps(qs, indent=0))
+        kept.write_text(json.dumps(qs, indent=0))
     out = {"command": "scripts/chat_domain_gap.py " + " ".join(a.drafters), "sets": sets, "results": {}}
     for d, m in models:
         fr = frozen_for_eagle3(target, m)

@@ -50,6 +50,15 @@ def test_a_store_keeps_its_questions_and_refuses_others(smollm2, tmp_path):
         stored_questions(target, tok, tmp_path, 2, 6)
     with pytest.raises(MlxspecError, match="holds questions for other settings"):
         stored_questions(target, tok, tmp_path, 3, 5)  # asks for more than it holds
+    for bad, msg in [('{"format": "mlxspec-as', "unreadable \\(JSONDecodeError\\); delete it"),
+                     (b"\xff\xfe", "unreadable \\(UnicodeDecodeError\\)"),
+                     ('["What is a tide?"]', "is not a question list"),
+                     ('{"format": "mlxspec-asked-1", "seed": 5, "questions": ["What is a tide?", 7]}',
+                      "is not a question list")]:
+        f = tmp_path / "questions.json"
+        f.write_bytes(bad) if isinstance(bad, bytes) else f.write_text(bad)
+        with pytest.raises(MlxspecError, match=msg):
+            stored_questions(target, tok, tmp_path, 1, 5)
 
 
 def test_self_and_mixed_question_pools(smollm2):
@@ -88,6 +97,10 @@ def test_regen_questions_outside_regen_mode_or_without_a_template_is_one_line(tm
     err = capsys.readouterr().err
     assert rc == 2 and "--regen-questions self needs a target with a chat template" in err, err
     assert len(err.strip().splitlines()) == 1 and not (d / "meta.json").exists()
+    rc = main(["train", "--model", str(model), "--prepare-only", "--data-mode", "regen", "--regen-questions", "mixed",
+               "--data", str(d), "--out", str(tmp_path / "o3")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--regen-questions mixed needs a target with a chat template" in err, err
 
 
 def test_a_self_question_store_answers_the_questions_it_keeps(smollm2, tmp_path):

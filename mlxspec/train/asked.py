@@ -31,10 +31,11 @@ _SENTINEL = "\x00QUESTION\x00"
 _FORMAT = "mlxspec-asked-1"
 
 
-def user_prefix(tokenizer) -> list[int]:
-    """The token ids of the chat template up to where a user's message begins."""
+def user_prefix(tokenizer, source: str = "self") -> list[int]:
+    """The token ids of the chat template up to where a user's message begins (source: the
+    --regen-questions value that needs them, for the error)."""
     if not getattr(tokenizer, "has_chat_template", False):
-        raise MlxspecError("--regen-questions self needs a target with a chat template; pass --regen-questions corpus")
+        raise MlxspecError(f"--regen-questions {source} needs a target with a chat template; pass --regen-questions corpus")
     s = apply_chat_template(tokenizer, [{"role": "user", "content": _SENTINEL}], add_generation_prompt=False)
     return tokenizer.encode(s[: s.index(_SENTINEL)], add_special_tokens=False)
 
@@ -103,10 +104,18 @@ def stored_questions(target, tokenizer, store: str | Path, n: int, seed: int) ->
     """The store's own questions (questions.json), sampled and written on the first call."""
     f = Path(store) / "questions.json"
     if f.exists():
-        d = json.loads(f.read_text())
-        if d.get("format") != _FORMAT or d.get("seed") != seed or len(d.get("questions", [])) < n:
+        try:
+            d = json.loads(f.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as e:
+            raise MlxspecError(f"{f}: unreadable ({type(e).__name__}); delete it to ask the questions again, "
+                               "or pass a new --data directory") from None
+        qs = d.get("questions") if isinstance(d, dict) else None
+        if not isinstance(qs, list) or not all(isinstance(q, str) for q in qs):
+            raise MlxspecError(f"{f}: is not a question list; delete it to ask the questions again, "
+                               "or pass a new --data directory")
+        if d.get("format") != _FORMAT or d.get("seed") != seed or len(qs) < n:
             raise MlxspecError(f"{f}: holds questions for other settings; pass a new --data directory")
-        return d["questions"][:n]
+        return qs[:n]
     qs = sample_questions(target, tokenizer, n, seed)
     tmp = f.with_suffix(".tmp")
     tmp.write_text(json.dumps({"format": _FORMAT, "seed": seed, "questions": qs}, indent=0))

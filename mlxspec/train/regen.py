@@ -295,7 +295,7 @@ def prepare_regen_store(target, tokenizer, out_dir, taps: list[int], seq_len: in
     if questions != "corpus":
         from mlxspec.train.asked import user_prefix
 
-        user_prefix(tokenizer)  # a target without a chat template: one line before any file is written
+        user_prefix(tokenizer, questions)  # a target without a chat template: one line before any file is written
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     windows = (windows // batch) * batch or batch
