@@ -322,3 +322,44 @@ def test_chat_weight_without_chat_windows_or_for_a_block_lineage_is_one_line(tmp
         Windows(corpus, 8, seed=0, chat_weight=2.0)  # the API path refuses it too
     check_chat_weight(corpus, 1.0)
     check_chat_weight(regen, 2.0)
+
+
+def test_train_head_moves_the_head_from_the_target_rows_and_resumes_only_with_the_same_flag(tmp_path, capsys):
+    """--train-head: the exported head leaves the target's rows at the draft ids (without it they
+    stay exactly those rows), the file drafts losslessly, and a run resumed with the other setting
+    is one line; the flag for a block lineage is one line too."""
+    import io
+
+    import conftest
+
+    from mlxspec.cli import main
+    from mlxspec.drafters.load import load_drafter
+    from mlxspec.targets.load import load_target
+    from mlxspec.targets.model import target_head_rows
+    from test_engine import run
+
+    model = tmp_path / "tiny.gguf"
+    conftest.write_tiny_model(model)
+    d = tmp_path / "d"
+    common = ["train", "--model", str(model), "--data", str(d), "--lineage", "eagle3",
+              "--corpus", "fortunes=/usr/share/games/fortunes/*", "--tokens", "fortunes=512", "--seq-len", "32",
+              "--draft-vocab", "200", "--ttt-steps", "3", "--minutes", "0.03"]
+    assert main(common + ["--prepare-only", "--out", str(tmp_path / "p")]) == 0, capsys.readouterr().err
+    target, tok = load_target(str(model))
+    heads = {}
+    for name, extra in (("frozen", []), ("trained", ["--train-head"])):
+        assert main(common + ["--out", str(tmp_path / name)] + extra) == 0, capsys.readouterr().err
+        m, cfg = load_drafter(str(tmp_path / name / "hf"), target.info, log=io.StringIO())
+        ids = np.asarray(m.d2t) + np.arange(cfg.draft_vocab_size)
+        rows = np.asarray(target_head_rows(target, mx.array(ids.astype(np.int32))))
+        heads[name] = np.abs(np.asarray(m.lm_head.weight.astype(mx.float32)) - rows).max()
+        prompt = tok.encode("the the the", add_special_tokens=False)
+        assert run(target, prompt, Eagle3Drafter(m, cfg, target, 3), max_tokens=16) == run(target, prompt, max_tokens=16)
+    assert heads["frozen"] < 1e-6 < 1e-3 < heads["trained"], heads
+    capsys.readouterr()
+    assert main(common + ["--out", str(tmp_path / "trained"), "--minutes", "0.06"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "trained with --train-head" in err, err
+    assert main(["train", "--lineage", "dspark", "--train-head", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "--train-head applies to --lineage eagle3" in err, err

@@ -112,6 +112,9 @@ def add_train_args(p):
     p.add_argument("--train-new-only", action="store_true",
                    help="with a grown --init-from: train only the new layers (fc, the inherited layers, the "
                         "final norm and the heads stay as exported; lets the new layers take a higher --lr)")
+    p.add_argument("--train-head", action="store_true",
+                   help="eagle3: the head learns too (it starts as the target's rows at the draft ids and is "
+                        "frozen without this flag), as EAGLE-3 and SpecForge train theirs")
     p.add_argument("--compile", action="store_true", help="mx.compile the training step (no faster on CPU, measured)")
     p.add_argument("--heldout-every", type=int, default=0,
                    help="every N steps (eagle3: every N minutes), held-out tau from the target's greedy answers to the held-out prompts "
@@ -218,6 +221,9 @@ def check_train_args(a) -> None:
     if a.chat_weight != 1.0 and a.lineage != "eagle3":
         raise MlxspecError(f"--chat-weight applies to --lineage eagle3 (the block trainers draw anchors, not "
                            f"windows); drop it for --lineage {a.lineage}")
+    if a.train_head and a.lineage != "eagle3":
+        raise MlxspecError(f"--train-head applies to --lineage eagle3 (the block drafters' heads are the target's); "
+                           f"drop it for --lineage {a.lineage}")
     if a.chat_weight != 1.0 and a.online:
         raise MlxspecError("--chat-weight: --online reads corpus windows in order, none of them chat answers; "
                            "train from a --data-mode regen store, or drop --chat-weight")
@@ -389,7 +395,7 @@ def _train_eagle3(a, target, tok, taps, mix, data) -> int:
                            ttt_fraction=a.ttt_fraction, chat_weight=a.chat_weight,
                            warmup=a.warmup, minutes=a.minutes, seqs_per_step=a.seqs_per_step, seq_len=a.seq_len,
                            seed=a.seed, loss=a.loss or "kl", init="target" if a.warm_start else "random",
-                           init_from=a.init_from,
+                           init_from=a.init_from, train_head=a.train_head,
                            heldout_minutes=max(a.heldout_every, 1) if a.heldout_every else 5.0)
     heldout = None
     if a.heldout_every:

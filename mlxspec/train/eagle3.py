@@ -11,8 +11,9 @@ proposes at every anchor whose earlier drafts were right: the held-out evaluatio
 
 Labels: step k at position i predicts x_{i+k+2}, the target's next token after position i+k+1:
 its stored top-k distribution (soft cross-entropy over the draft vocabulary, `loss="kl"`) or
-its argmax (`loss="ce"`), weighted 0.8^k (EAGLE-3). The head (the target's rows at the draft
-ids) and the embedding (the target's) stay frozen: fc, the layer and the final norm learn.
+its argmax (`loss="ce"`), weighted 0.8^k (EAGLE-3). The embedding (the target's) stays frozen;
+fc, the layer and the final norm learn, and the head (started as the target's rows at the draft ids)
+with `train_head`, as EAGLE-3 and SpecForge train theirs; frozen otherwise.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class Eagle3TrainConfig:
     heldout_minutes: float = 5.0
     save_minutes: float = 3.0
     chat_weight: float = 1.0  # windows of regenerated chat answers (source "chat-*") are drawn this much more often
+    train_head: bool = False  # the head learns too (started from the target's rows at the draft ids)
 
 
 def _load_start(target, tc: Eagle3TrainConfig):
@@ -136,7 +138,7 @@ def loss_fn(model: Eagle3Model, frozen: dict, b: dict, tc: Eagle3TrainConfig):
     total, wsum, accs = mx.array(0.0), 0.0, []
     for k, h in enumerate(outs):
         i = (mx.arange(n) if k == 0 or b.get("sel") is None else b["sel"])[None]
-        z = model.norm(h) @ frozen["head"].T  # [B, n, Vd]
+        z = model.norm(h) @ (model.lm_head.weight if tc.train_head else frozen["head"]).T  # [B, n, Vd]
         lab = i + k + 1  # the target position whose next-token distribution is the label
         valid = (lab < b["end"][:, None]) & (lab >= b["lo"][:, None])
         labc = mx.minimum(lab, L - 1)
@@ -396,6 +398,10 @@ def train_eagle3(target, stores, out: str | Path, tc: Eagle3TrainConfig, heldout
         if state["config"]["taps"] != list(tc.taps):
             raise MlxspecError(f"{out}: holds a run with taps {state['config']['taps']}, not {list(tc.taps)}; pass a "
                                "new --out or the same taps")
+        if bool(state["config"].get("train_head", False)) != tc.train_head:
+            was = "with" if state["config"].get("train_head") else "without"
+            raise MlxspecError(f"{out}: holds a run trained {was} --train-head; pass a new --out or resume it "
+                               f"{was} --train-head")
     elif tc.init_from:
         start, start_cfg = _load_start(target, tc)
         d_ids = np.arange(start_cfg.draft_vocab_size, dtype=np.int64)
@@ -421,7 +427,8 @@ def train_eagle3(target, stores, out: str | Path, tc: Eagle3TrainConfig, heldout
                             for k, v in tree_flatten(start.parameters())], strict=False)
     elif tc.init == "target" and not state:
         init_from_target(model, target, tc.taps)
-    model.lm_head.freeze()
+    if not tc.train_head:
+        model.lm_head.freeze()
     if cfg.reduced_vocab:
         model.freeze(keys=["d2t"], recurse=False)
     opt = optim.AdamW(learning_rate=tc.lr, weight_decay=0.0)
@@ -460,6 +467,8 @@ def train_eagle3(target, stores, out: str | Path, tc: Eagle3TrainConfig, heldout
         (out / "history.json").write_text(json.dumps({"config": asdict(tc), "history": history}, indent=1))
 
     def evaluate():
+        if tc.train_head:  # the held-out replay drafts with the head as it is now
+            frozen["head"] = model.lm_head.weight.astype(mx.float32)
         ho = heldout_tau(model, frozen, heldout, lengths=heldout_lengths(model, frozen, tc.ttt_steps),
                          n_drafts=tc.ttt_steps)
         point = {"step": step, "minutes": seconds / 60, "heldout": {
