@@ -6,7 +6,8 @@ drafter (its report.json). Prints a markdown table (run A's points, with run B's
 beside each) and, with --json, writes run A's history with the command and stores that made it:
 
     python scripts/compare_history.py runs/e3m-half mlxspec/weights/smollm2-135m-eagle3 \\
-        --command "$(cat runs/e3m-half.cmd)" --stores "runs/e3m-a (seed 0)" --json docs/bench/x.json
+        --command "mlxspec train --lineage eagle3 ... --out runs/e3m-half" --stores "runs/e3m-a (seed 0)" \\
+        --minutes 90 --json docs/bench/x.json
 """
 
 import argparse

@@ -26,7 +26,12 @@ def main():
         print(f"draft_vocab_coverage.py: need {f} and <category>.npz files in {a.heldout}; pass an EAGLE-3 export "
               "and a held-out store", file=sys.stderr)
         sys.exit(2)
-    w = load_file(str(f))
+    try:
+        w = load_file(str(f))
+    except Exception as e:  # safetensors raises its own error type for a truncated or foreign file
+        print(f"draft_vocab_coverage.py: {f} is not a readable safetensors file ({e}); export the drafter again",
+              file=sys.stderr)
+        sys.exit(2)
     if "d2t" not in w:
         print(f"draft_vocab_coverage.py: {f} has no d2t: its draft vocabulary is the whole target's", file=sys.stderr)
         sys.exit(2)

@@ -380,7 +380,7 @@ def test_one_speculator_drafts_a_repeated_request_from_its_first_answer(smollm2)
     (first, n1), (second, n2) = runs
     assert n1 == n2 == 40
     # the adaptive policy sets each verify's length from costs it measures, so a busy host accepts
-    # fewer of the 40 copied tokens (24 in one CI run beside a training job): the floor is 20
+    # fewer of the 40 copied tokens (24 in one full-suite CI run, the two workers sharing 2 cores)
     assert second >= 20 and second >= first + 15, runs
     assert len(spec.suffix) >= 40
     other = api.Speculator.build(api.SpecConfig(spec_type="ngram", lookup="suffix", suffix_budget=0), target)
