@@ -5,6 +5,7 @@ random interleaved documents, eviction order, the budget never exceeded, and pro
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import pytest
 
@@ -362,6 +363,18 @@ def _chat_ids(tok, text: str) -> list[int]:
     return tok.encode(apply_chat_template(tok, [{"role": "user", "content": text}]), add_special_tokens=False)
 
 
+def _modeled_costs():
+    """scripts/lookup_heldout.py's fixed_costs: the policy sees the committed AVX-512 verify
+    profile and no clock."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("_lookup_heldout", root / "scripts" / "lookup_heldout.py")
+    lh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lh)
+    return lh.fixed_costs(1.45, lh.read_profile(str(root / "docs/bench/verify-profile-smollm2-avx512-2026-12-05.json")))
+
+
 def test_one_speculator_drafts_a_repeated_request_from_its_first_answer(smollm2):
     """The Python API: a speculator's requests share one suffix index, so the same request
     a second time is drafted from the first answer (the adaptive policy, as by default)."""
@@ -372,16 +385,18 @@ def test_one_speculator_drafts_a_repeated_request_from_its_first_answer(smollm2)
                                                num_draft_tokens=8), target)
     prompt = _chat_ids(tok, "Explain in two sentences why the sky is blue.")
     runs = []
-    for _ in range(2):
-        last = None
-        for r in api.stream_generate(target, tok, prompt, spec, max_tokens=40):
-            last = r
-        runs.append((last.stats.accepted, last.generation_tokens))
+    # the adaptive policy sets each verify's length from the costs it measures; pinned to a
+    # committed verify profile (as the benches' --modeled runs are), the counts do not depend on
+    # how busy the host is (measured costs: 24 of 40 in one CI run on 2 shared cores; pinned: 2, then 34)
+    with _modeled_costs():
+        for _ in range(2):
+            last = None
+            for r in api.stream_generate(target, tok, prompt, spec, max_tokens=40):
+                last = r
+            runs.append((last.stats.accepted, last.generation_tokens))
     (first, n1), (second, n2) = runs
     assert n1 == n2 == 40
-    # the adaptive policy sets each verify's length from costs it measures, so a busy host accepts
-    # fewer of the 40 copied tokens (24 in one full-suite CI run, the two workers sharing 2 cores)
-    assert second >= 20 and second >= first + 15, runs
+    assert second >= 30 and second >= first + 25, runs
     assert len(spec.suffix) >= 40
     other = api.Speculator.build(api.SpecConfig(spec_type="ngram", lookup="suffix", suffix_budget=0), target)
     assert other.suffix is None  # budget 0: each request drafts only from itself
