@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx.utils import tree_map
+from mlx.utils import tree_flatten, tree_map
 
 from mlxspec.drafters.eagle3 import Eagle3Config, Eagle3Model
 from mlxspec.engine.eagle3 import Eagle3Drafter
@@ -15,9 +15,9 @@ from mlxspec.train.eagle3 import ttt_hidden
 from tiny_targets import tiny_target
 
 
-def random_eagle3(target, taps=(0, 1, 2), draft_vocab=48, nbr=False, seed=1) -> tuple[Eagle3Model, Eagle3Config]:
+def random_eagle3(target, taps=(0, 1, 2), draft_vocab=48, nbr=False, seed=1, layers=1) -> tuple[Eagle3Model, Eagle3Config]:
     info = target.info
-    cfg = Eagle3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+    cfg = Eagle3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
                        num_key_value_heads=2, head_dim=8, vocab_size=info.vocab_size, draft_vocab_size=draft_vocab,
                        target_hidden_size=info.hidden_size, target_layer_ids=tuple(taps),
                        file_layer_ids=tuple(t + 1 for t in taps), norm_before_residual=nbr)
@@ -30,12 +30,12 @@ def random_eagle3(target, taps=(0, 1, 2), draft_vocab=48, nbr=False, seed=1) -> 
     return m, cfg
 
 
-@pytest.mark.parametrize("nbr", [False, True])
-def test_ttt_pass_is_the_drafted_chain(nbr):
+@pytest.mark.parametrize("nbr,layers", [(False, 1), (True, 1), (False, 2), (True, 3)])
+def test_ttt_pass_is_the_drafted_chain(nbr, layers):
     """Feed the drafter's own greedy chain as the 'true' tokens: the TTT pass at the anchor's
-    pair must give the same chain, and the same logits (1e-4)."""
+    pair must give the same chain, and the same logits (1e-4), for deeper drafters too."""
     target = tiny_target("llama", seed=0)
-    model, cfg = random_eagle3(target, nbr=nbr)
+    model, cfg = random_eagle3(target, nbr=nbr, layers=layers)
     d = Eagle3Drafter(model, cfg, target, max_drafts=5)
     rng = np.random.default_rng(0)
     prompt = [int(x) for x in rng.integers(0, 60, 9)]
@@ -54,9 +54,10 @@ def test_ttt_pass_is_the_drafted_chain(nbr):
     assert d.to_target(mx.argmax(logits, axis=-1)).tolist() == out.tokens
 
 
-def test_ttt_on_a_subset_of_positions_equals_the_full_pass():
+@pytest.mark.parametrize("layers", [1, 2])
+def test_ttt_on_a_subset_of_positions_equals_the_full_pass(layers):
     target = tiny_target("llama", seed=0)
-    model, cfg = random_eagle3(target)
+    model, cfg = random_eagle3(target, layers=layers)
     rng = np.random.default_rng(3)
     L = 20
     taps = mx.random.normal((2, L, 3 * target.info.hidden_size))
@@ -363,3 +364,72 @@ def test_train_head_moves_the_head_from_the_target_rows_and_resumes_only_with_th
     assert main(["train", "--lineage", "dspark", "--train-head", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "--train-head applies to --lineage eagle3" in err, err
+
+
+def test_layers_trains_a_deeper_drafter_and_grows_an_export_that_drafts_as_before(tmp_path, capsys):
+    """--layers 2 trains a two-layer EAGLE-3 drafter that loads back with 2 chain layers and is
+    lossless; --init-from a one-layer export with --layers 2 adds a layer that starts as the
+    identity (the grown file drafts the export's chains and logits), and --train-new-only
+    leaves every inherited weight as exported; mismatches are one line."""
+    import io
+    import json
+
+    import conftest
+
+    from mlxspec.cli import main
+    from mlxspec.drafters.load import load_drafter
+    from mlxspec.engine.loop import SpecStats
+    from mlxspec.targets.load import load_target
+    from test_engine import run
+
+    model = tmp_path / "tiny.gguf"
+    conftest.write_tiny_model(model)
+    d = tmp_path / "d"
+    common = ["train", "--model", str(model), "--data", str(d), "--lineage", "eagle3",
+              "--corpus", "fortunes=/usr/share/games/fortunes/*", "--tokens", "fortunes=512", "--seq-len", "32",
+              "--draft-vocab", "200", "--ttt-steps", "3"]
+    assert main(common + ["--out", str(tmp_path / "p"), "--prepare-only"]) == 0, capsys.readouterr().err
+    two, one, grown = tmp_path / "two", tmp_path / "one", tmp_path / "grown"
+    assert main(common + ["--out", str(two), "--layers", "2", "--warm-start", "--minutes", "0.05"]) == 0
+    target, tok = load_target(str(model))
+    m2, cfg2 = load_drafter(str(two / "hf"), target.info, log=io.StringIO())
+    assert cfg2.num_hidden_layers == 2 and len(m2.layers) == 2
+    ids = tok.encode("the the the", add_special_tokens=False)
+    st = SpecStats()
+    assert run(target, ids, Eagle3Drafter(m2, cfg2, target, 3), max_tokens=24, stats=st) == run(target, ids, max_tokens=24)
+    assert st.drafted > 0
+    capsys.readouterr()
+    assert main(common + ["--out", str(two), "--minutes", "0.1"]) == 2  # resumed with another depth
+    assert "--layers 2" in capsys.readouterr().err
+
+    assert main(common + ["--out", str(one), "--minutes", "0.05"]) == 0
+    m1, cfg1 = load_drafter(str(one / "hf"), target.info, log=io.StringIO())
+    assert main(common + ["--out", str(grown), "--minutes", "0.03", "--init-from", str(one / "hf"), "--layers", "2",
+                          "--train-new-only"]) == 0, capsys.readouterr().err
+    mg, cfgg = load_drafter(str(grown / "hf"), target.info, log=io.StringIO())
+    assert cfgg.num_hidden_layers == 2
+    for name in ("fc.weight", "layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight", "norm.weight"):
+        a, b = (dict(tree_flatten(m.parameters()))[name] for m in (m1, mg))
+        np.testing.assert_allclose(np.asarray(a.astype(mx.float32)), np.asarray(b.astype(mx.float32)), atol=1e-6)
+    rng = np.random.default_rng(0)
+    _, taps = target(mx.array([ids]), target.make_cache(), taps=[0], logits="last")
+    # at lr ~0 the new layer stays the identity: the grown file drafts the export's chain
+    start = tmp_path / "start"
+    assert main(common + ["--out", str(start), "--minutes", "0.02", "--init-from", str(one / "hf"), "--layers", "2",
+                          "--lr", "1e-12"]) == 0
+    ms, cfgs = load_drafter(str(start / "hf"), target.info, log=io.StringIO())
+    outs = []
+    for m, c in ((m1, cfg1), (ms, cfgs)):
+        dr = Eagle3Drafter(m, c, target, 3)
+        dr.begin(ids, taps)
+        outs.append(dr.draft(ids[-1], 3, SamplingParams(), rng))
+    assert outs[0].tokens == outs[1].tokens
+    assert float(mx.abs(outs[0].logits - outs[1].logits).max()) < 2e-2  # the exports are bfloat16
+    capsys.readouterr()
+    assert main(common + ["--out", str(tmp_path / "x"), "--minutes", "0.02", "--init-from", str(two / "hf")]) == 2
+    assert "has 2 chain layers, more than --layers 1; pass --layers 2" in capsys.readouterr().err
+    assert main(common + ["--out", str(tmp_path / "y"), "--minutes", "0.02", "--train-new-only"]) == 2
+    assert "--train-new-only" in capsys.readouterr().err
+    assert main(common + ["--out", str(tmp_path / "z"), "--minutes", "0.02", "--init-from", str(one / "hf"),
+                          "--train-new-only"]) == 2
+    assert "no layer is new" in capsys.readouterr().err

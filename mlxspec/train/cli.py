@@ -28,7 +28,7 @@ def add_train_args(p):
     p.add_argument("--model", "-m", default=None, help="target (default SmolLM2-135M-Instruct)")
     p.add_argument("--lineage", choices=("dspark", "dflash", "dflash2", "eagle3"), default="dspark",
                    help="dflash2: dynamic convs + path selector, bonus-anchor layout, full vocabulary (as z-lab); "
-                        "eagle3: a one-layer chain drafter over three taps (default: the target's inputs of layers 2, "
+                        "eagle3: a chain drafter (one layer; --layers N adds plain layers) over three taps (default: the target's inputs of layers 2, "
                         "N//2, N-3), every position supervised plus training-time test, for --minutes")
     p.add_argument("--ttt-steps", type=int, default=7,
                    help="eagle3: chain steps unrolled in training (training-time test), loss weight 0.8^k")
@@ -88,7 +88,8 @@ def add_train_args(p):
     p.add_argument("--block-size", type=int, default=8)
     p.add_argument("--layout", choices=("anchor-first", "bonus-anchor"), default=None,
                    help="default: bonus-anchor for dflash2 (its published layout), anchor-first otherwise")
-    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--layers", type=int, default=1,
+                   help="drafter layers (eagle3: chain layers, the EAGLE-3 layer then plain Llama layers)")
     p.add_argument("--intermediate-size", type=int, default=1536)
     p.add_argument("--markov-rank", type=int, default=32)
     p.add_argument("--no-confidence", action="store_true")
@@ -375,6 +376,9 @@ def _train_eagle3(a, target, tok, taps, mix, data) -> int:
     if a.init_from and not Path(a.init_from).exists():
         raise MlxspecError(f"--init-from {a.init_from}: no drafter export there; pass an EAGLE-3 export directory "
                            "(e.g. mlxspec/weights/smollm2-135m-eagle3)")
+    if a.train_new_only and not a.init_from:
+        raise MlxspecError("--train-new-only: trains the layers a grown --init-from export lacks; pass --init-from "
+                           "EXPORT --layers N (more than the export's), or drop --train-new-only")
     dirs = [] if a.online else [(d, first) for d, _, first in mix] if mix else [(str(data), 0)]
     stores = data if a.online else []  # online: the corpus windows in order, the target run on each step's
     if a.online:
@@ -395,7 +399,8 @@ def _train_eagle3(a, target, tok, taps, mix, data) -> int:
                            ttt_fraction=a.ttt_fraction, chat_weight=a.chat_weight,
                            warmup=a.warmup, minutes=a.minutes, seqs_per_step=a.seqs_per_step, seq_len=a.seq_len,
                            seed=a.seed, loss=a.loss or "kl", init="target" if a.warm_start else "random",
-                           init_from=a.init_from, train_head=a.train_head,
+                           init_from=a.init_from, train_head=a.train_head, layers=a.layers,
+                           train_new_only=a.train_new_only,
                            heldout_minutes=max(a.heldout_every, 1) if a.heldout_every else 5.0)
     heldout = None
     if a.heldout_every:

@@ -61,6 +61,8 @@ class Eagle3TrainConfig:
     save_minutes: float = 3.0
     chat_weight: float = 1.0  # windows of regenerated chat answers (source "chat-*") are drawn this much more often
     train_head: bool = False  # the head learns too (started from the target's rows at the draft ids)
+    layers: int = 1  # chain layers: the EAGLE-3 layer, then plain Llama layers (docs/training.md)
+    train_new_only: bool = False  # with init_from a shallower export: only the layers it lacks learn
 
 
 def _load_start(target, tc: Eagle3TrainConfig):
@@ -74,9 +76,12 @@ def _load_start(target, tc: Eagle3TrainConfig):
     if list(cfg.target_layer_ids) != list(tc.taps):
         raise MlxspecError(f"--init-from {tc.init_from}: taps layer outputs {list(cfg.target_layer_ids)}, not {list(tc.taps)}; "
                            f"pass --taps {','.join(map(str, cfg.target_layer_ids))}")
-    if cfg.num_hidden_layers != 1:
-        raise MlxspecError(f"--init-from {tc.init_from}: has {cfg.num_hidden_layers} chain layers; the trainer "
-                           "trains one")
+    if cfg.num_hidden_layers > tc.layers:
+        raise MlxspecError(f"--init-from {tc.init_from}: has {cfg.num_hidden_layers} chain layers, more than --layers "
+                           f"{tc.layers}; pass --layers {cfg.num_hidden_layers} (or more: the drafter grows)")
+    if tc.train_new_only and cfg.num_hidden_layers == tc.layers:
+        raise MlxspecError(f"--train-new-only: --init-from {tc.init_from} already has {tc.layers} chain layer(s), "
+                           f"so no layer is new; pass --layers {tc.layers + 1} to grow it, or drop --train-new-only")
     return model, cfg
 
 
@@ -84,44 +89,50 @@ def _load_start(target, tc: Eagle3TrainConfig):
 
 def ttt_hidden(model: Eagle3Model, emb_table: mx.array, taps: mx.array, tokens: mx.array, steps: int,
                sel: mx.array | None = None) -> list:
-    """taps [B, L, T*TH] and tokens [B, L] of B windows -> the layer's pre-norm outputs of steps
-    0..steps-1: step 0 at every pair position [B, L-1, H], steps >= 1 at the positions `sel`
-    ([m] ints; all when None) [B, m, H] (module docstring).
+    """taps [B, L, T*TH] and tokens [B, L] of B windows -> the last layer's pre-norm outputs of
+    steps 0..steps-1: step 0 at every pair position [B, L-1, H], steps >= 1 at the positions
+    `sel` ([m] ints; all when None) [B, m, H] (module docstring).
 
     A chain step at position i depends only on the step-0 keys of pairs <= i and on its own
-    earlier steps at i, so the unrolled steps can run on a subset of positions: step 0 (all
-    positions, the keys every step needs) is what costs, the rest scales with len(sel)."""
+    earlier steps at i (in every layer), so the unrolled steps can run on a subset of positions:
+    step 0 (all positions, the keys every step needs) is what costs, the rest scales with len(sel)."""
     B, L = tokens.shape
     n = L - 1
-    layer = model.layers[0]
-    attn = layer.self_attn
-    rep, scale = attn.n_heads // attn.n_kv, attn.scale
     pos = mx.arange(n)
     h_in = model.fuse(taps[:, :n])
     tok_pad = mx.concatenate([tokens, mx.zeros((B, steps), tokens.dtype)], axis=1)
-    outs, extra_k, extra_v = [], [], []
-    K0 = V0 = None
+    outs = []
+    kv0 = [None] * len(model.layers)  # per layer: step 0's keys and values at every position
+    extra = [([], []) for _ in model.layers]  # per layer: steps 1..k's keys and values at the query positions
     for k in range(steps):
         qpos = pos if (k == 0 or sel is None) else sel
         emb = emb_table[tok_pad[:, qpos + k + 1]].astype(h_in.dtype)
-        x, res = layer.attn_input(emb, h_in)
-        q, kk, vv = attn.qkv(x, qpos + k)
-        kk, vv = mx.repeat(kk, rep, axis=1), mx.repeat(vv, rep, axis=1)
-        if k == 0:
-            K0, V0 = kk, vv
-        else:
-            extra_k.append(kk)
-            extra_v.append(vv)
-        s0 = mx.where(qpos[:, None] >= pos[None], (q * scale) @ K0.transpose(0, 1, 3, 2), -1e30)
-        if extra_k:
-            sd = mx.stack([(q * scale * kj).sum(-1) for kj in extra_k], axis=-1)  # [B, h, m, k]
-            p = mx.softmax(mx.concatenate([s0, sd], axis=-1), axis=-1, precise=True)
-            o = p[..., :n] @ V0
-            for j, vj in enumerate(extra_v):
-                o = o + p[..., n + j : n + j + 1] * vj
-        else:
-            o = mx.softmax(s0, axis=-1, precise=True) @ V0
-        h = layer.finish(res, attn.out(o))
+        x, res = model.layers[0].attn_input(emb, h_in)
+        for j, layer in enumerate(model.layers):
+            if j:
+                res, x = h, layer.input_layernorm(h)
+            attn = layer.self_attn
+            rep, scale = attn.n_heads // attn.n_kv, attn.scale
+            q, kk, vv = attn.qkv(x, qpos + k)
+            kk, vv = mx.repeat(kk, rep, axis=1), mx.repeat(vv, rep, axis=1)
+            if k == 0:
+                kv0[j] = (kk, vv)
+            else:
+                extra[j][0].append(kk)
+                extra[j][1].append(vv)
+            K0, V0 = kv0[j]
+            extra_k, extra_v = extra[j]
+            s0 = mx.where(qpos[:, None] >= pos[None], (q * scale) @ K0.transpose(0, 1, 3, 2), -1e30)
+            if extra_k:
+                sd = mx.stack([(q * scale * kj).sum(-1) for kj in extra_k], axis=-1)  # [B, h, m, k]
+                p = mx.softmax(mx.concatenate([s0, sd], axis=-1), axis=-1, precise=True)
+                o = p[..., :n] @ V0
+                for i, vj in enumerate(extra_v):
+                    o = o + p[..., n + i : n + i + 1] * vj
+            else:
+                o = mx.softmax(s0, axis=-1, precise=True) @ V0
+            h = res + attn.out(o)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
         outs.append(h)
         h_in = model.feedback(h)
         if k == 0 and sel is not None:
@@ -208,12 +219,12 @@ def draft_vocabulary(topk_ids: np.ndarray, vocab: int, n: int) -> np.ndarray:
 
 
 def make_config(target, tc: Eagle3TrainConfig, draft_vocab: int) -> Eagle3Config:
-    """A one-layer EAGLE-3 drafter shaped like one of the target's layers."""
+    """An EAGLE-3 drafter of `tc.layers` chain layers, each shaped like one of the target's."""
     c, info = target.config, target.info
     H = info.hidden_size
     heads = int(c.get("num_attention_heads") or max(H // 64, 1))
     return Eagle3Config(
-        hidden_size=H, intermediate_size=int(c.get("intermediate_size") or 4 * H), num_hidden_layers=1,
+        hidden_size=H, intermediate_size=int(c.get("intermediate_size") or 4 * H), num_hidden_layers=tc.layers,
         num_attention_heads=heads, num_key_value_heads=int(c.get("num_key_value_heads") or heads),
         head_dim=int(c.get("head_dim") or H // heads), vocab_size=info.vocab_size,
         draft_vocab_size=draft_vocab, target_hidden_size=H, target_layer_ids=tuple(tc.taps),
@@ -247,6 +258,29 @@ def init_from_target(model: Eagle3Model, target, taps: list) -> None:
     fc = mx.zeros((H, n * H))
     fc = mx.concatenate([fc[:, : (n - 1) * H], mx.eye(H)], axis=1) + model.fc.weight * 0.1
     model.fc.weight = fc
+    grow_from_target(model, target, 1)
+
+
+def grow_from_target(model: Eagle3Model, target, first: int) -> None:
+    """Layers first.. (plain Llama layers) start as copies of the target's last layer with zero
+    output projections (o_proj, down_proj): each passes its input through unchanged, so the
+    drafter drafts as it did without them until they learn."""
+    from mlxspec.targets.model import dense_weight
+
+    last, H = target.inner.layers[-1], model.config.hidden_size
+    for layer in model.layers[first:]:
+        a, ta = layer.self_attn, last.self_attn
+        shapes_match = all(dense_weight(getattr(ta, nm)).shape == getattr(a, nm).weight.shape
+                           for nm in ("q_proj", "k_proj", "v_proj"))
+        if shapes_match:
+            for nm in ("q_proj", "k_proj", "v_proj"):
+                getattr(a, nm).weight = dense_weight(getattr(ta, nm))
+            for nm in ("gate_proj", "up_proj"):
+                getattr(layer.mlp, nm).weight = dense_weight(getattr(last.mlp, nm))
+            layer.input_layernorm.weight = norm_scale(last.input_layernorm, H)
+            layer.post_attention_layernorm.weight = norm_scale(last.post_attention_layernorm, H)
+        a.o_proj.weight = mx.zeros_like(a.o_proj.weight)
+        layer.mlp.down_proj.weight = mx.zeros_like(layer.mlp.down_proj.weight)
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -398,6 +432,9 @@ def train_eagle3(target, stores, out: str | Path, tc: Eagle3TrainConfig, heldout
         if state["config"]["taps"] != list(tc.taps):
             raise MlxspecError(f"{out}: holds a run with taps {state['config']['taps']}, not {list(tc.taps)}; pass a "
                                "new --out or the same taps")
+        if int(state["config"].get("layers", 1)) != tc.layers:
+            raise MlxspecError(f"{out}: holds a run of {state['config'].get('layers', 1)} chain layer(s), not --layers "
+                               f"{tc.layers}; pass a new --out or --layers {state['config'].get('layers', 1)}")
         if bool(state["config"].get("train_head", False)) != tc.train_head:
             was = "with" if state["config"].get("train_head") else "without"
             raise MlxspecError(f"{out}: holds a run trained {was} --train-head; pass a new --out or resume it "
@@ -425,10 +462,18 @@ def train_eagle3(target, stores, out: str | Path, tc: Eagle3TrainConfig, heldout
         # exports are float16/bfloat16; training (AdamW state, the loss over taps of ~1e3) is float32
         model.load_weights([(k, v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v)
                             for k, v in tree_flatten(start.parameters())], strict=False)
+        grow_from_target(model, target, start_cfg.num_hidden_layers)
     elif tc.init == "target" and not state:
         init_from_target(model, target, tc.taps)
     if not tc.train_head:
         model.lm_head.freeze()
+    grown = int(state.get("grown_from", 0)) if state else start_cfg.num_hidden_layers if tc.init_from else 0
+    if tc.train_new_only:  # only the layers the export lacked (and the head, with train_head)
+        model.freeze()
+        for layer in model.layers[grown:]:
+            layer.unfreeze()
+        if tc.train_head:
+            model.lm_head.unfreeze()
     if cfg.reduced_vocab:
         model.freeze(keys=["d2t"], recurse=False)
     opt = optim.AdamW(learning_rate=tc.lr, weight_decay=0.0)
@@ -457,10 +502,15 @@ def train_eagle3(target, stores, out: str | Path, tc: Eagle3TrainConfig, heldout
         return tc.lr * warm * (tc.min_lr_ratio + (1 - tc.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * f)))
 
     def checkpoint():
-        _save_atomic(out / "checkpoint.safetensors", dict(tree_flatten(model.trainable_parameters())))
+        params = dict(tree_flatten(model.parameters()))  # frozen layers too (--train-new-only); d2t and
+        params.pop("d2t", None)  # a frozen head (the target's rows) are rebuilt from d_ids on resume
+        if not tc.train_head:
+            params.pop("lm_head.weight", None)
+        _save_atomic(out / "checkpoint.safetensors", params)
         _save_atomic(out / "optimizer.safetensors", dict(tree_flatten(opt.state)))
         tmp = state_p.with_suffix(".tmp")
         tmp.write_text(json.dumps({"config": asdict(tc), "d_ids": d_ids.tolist(), "history": history, "step": step,
+                                   "grown_from": grown,
                                    "seconds": seconds, "cursor": windows.cursor, "rng": windows.rng.bit_generator.state,
                                    "source": source.settings() if hasattr(source, "settings") else None}))
         os.replace(tmp, state_p)
