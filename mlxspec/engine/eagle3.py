@@ -46,7 +46,7 @@ class Eagle3Drafter:
     proposes_model_drafts, has_lookup = True, False
     chain = True  # drafting cost grows with the number of drafts (one drafter forward each)
     stops_early = True  # draft(..., more=) reports each draft's confidence and can stop the chain
-    fast_forward = True  # one-layer drafters draft with `FastForward` (False: the plain forward, for A/B)
+    fast_forward = True  # drafters draft with `FastForward` (False: the plain forward, for A/B)
 
     def __init__(self, model: Eagle3Model, cfg: Eagle3Config, target: Target, max_drafts: int | None = None,
                  dtype=None):
@@ -135,7 +135,7 @@ class Eagle3Drafter:
         """Rows [1, L, H] at the next positions, appended to the cache -> pre-norm outputs."""
         p, n = self.committed, emb.shape[1]
         if self._fast is not None:
-            return self._fast(emb, hidden, p, self.cache[0], causal_mask(n, p + n))
+            return self._fast(emb, hidden, p, self.cache, causal_mask(n, p + n))
         return self.model(emb, hidden, mx.arange(p, p + n), self.cache, causal_mask(n, p + n))
 
     def _commit(self, anchor: int) -> None:
@@ -273,7 +273,7 @@ class Eagle3Drafter:
                 vis[i, base:base + before] = [r in anc for r in rows]
                 vis[i, base + before + i] = True
             if self._fast is not None:
-                out = self._fast(emb, hid, base + d, self.cache[0], mx.array(vis), shared=True)
+                out = self._fast(emb, hid, base + d, self.cache, mx.array(vis), shared=True)
             else:
                 out = self.model(emb, hid, mx.full((m,), base + d, dtype=mx.int32), self.cache, mx.array(vis))
             forwards += 1
