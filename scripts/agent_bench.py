@@ -37,6 +37,7 @@ import json
 import random
 import sys
 import time
+from pathlib import Path
 
 import mlxspec  # noqa: F401  (OpenBLAS before MLX)
 from mlxspec import api
@@ -116,9 +117,15 @@ def make_trace(seed: int = 0, context: int = 12) -> list[tuple[str, bool]]:
     ]
 
 
-def build(name: str, target):
+def build(name: str, target, draft: str | None = None):
+    """The configuration's `Speculator`; draft: the drafter of the configurations that have one
+    (default: --draft auto's, the shipped one)."""
     fields = CONFIGS[name]
-    return api.Speculator() if fields is None else api.Speculator.build(api.SpecConfig(**fields), target)
+    if fields is None:
+        return api.Speculator()
+    if draft and fields.get("spec_type") != "ngram":
+        fields = {**fields, "draft": draft}
+    return api.Speculator.build(api.SpecConfig(**fields), target)
 
 
 def run_turn(target, tok, spec, ids: list[int], max_tokens: int) -> tuple[list[int], SpecStats]:
@@ -211,6 +218,8 @@ def main(argv=None) -> int:
     p.add_argument("--modeled", default=None, metavar="PROFILE",
                    help="no timing: each configuration's steps priced on this verify profile, as "
                         "scripts/lookup_heldout.py --fixed-costs does (the policy sees those costs, not the clock)")
+    p.add_argument("--draft", default=None, metavar="PATH",
+                   help="the drafter of the configurations that have one (default: the shipped one, as --draft auto)")
     p.add_argument("--out", default=None, help="write the JSON report here (else stdout)")
     a = p.parse_args(argv)
     raw = a.drafts
@@ -220,6 +229,8 @@ def main(argv=None) -> int:
         a.drafts = []
     if not a.drafts or min(a.drafts) < 1:
         p.error(f"--drafts {raw!r}: give positive integers, comma-separated (e.g. 8,16,32)")
+    if a.draft and not Path(a.draft).exists():
+        p.error(f"--draft {a.draft}: no drafter there; pass an export directory (e.g. runs/x/hf) or leave it out")
     users = make_trace(a.seed)
     if a.turns > len(users):
         p.error(f"--turns {a.turns}: the trace has {len(users)} turns")
@@ -234,10 +245,10 @@ def main(argv=None) -> int:
         return _replay(target, tok, users[: a.turns], a)
     if a.modeled:
         return _modeled(target, tok, users[: a.turns], [n for n in names if n != "AR"], a)
-    specs = {n: build(n, target) for n in names}
+    specs = {n: build(n, target, a.draft) for n in names}
     warm = _chat(tok, [{"role": "user", "content": "Say hello."}])
     for n in names:  # the verify profile and MLX's first calls, on a throwaway speculator
-        run_turn(target, tok, build(n, target), warm, 4)
+        run_turn(target, tok, build(n, target, a.draft), warm, 4)
     msgs: list[dict] = []
     turns, totals = [], {n: [0, 0.0] for n in names}
     for t in range(a.turns):
@@ -343,7 +354,7 @@ def _modeled(target, tok, users, names, a) -> int:
     t1, report, answers = costs["verify_s"][1], {}, None
     with lh.fixed_costs(MODELED_DRAFT_MS, prof):
         for name in names:
-            spec, msgs, turns, tokens, seconds, outs = build(name, target), [], [], 0, 0.0, []
+            spec, msgs, turns, tokens, seconds, outs = build(name, target, a.draft), [], [], 0, 0.0, []
             for t, (text, fresh) in enumerate(users):
                 msgs = [] if fresh else msgs
                 msgs.append({"role": "user", "content": text})

@@ -160,8 +160,8 @@ def main(argv=None) -> int:
 
 @contextlib.contextmanager
 def counting():
-    """Counts the EAGLE-3 drafter's forwards and heads while open -> the dict it fills (the plain
-    forward's and the inference forward's, `mlxspec.drafters.eagle3_fast`)."""
+    """Counts the EAGLE-3 drafter's layer forwards and heads while open -> the dict it fills (the
+    plain forward's and the inference forward's, `mlxspec.drafters.eagle3_fast`)."""
     from mlxspec.drafters.eagle3 import Eagle3Model
     from mlxspec.drafters.eagle3_fast import FastForward
     from mlxspec.engine.eagle3 import Eagle3Drafter
@@ -172,8 +172,8 @@ def counting():
     saved = [(cls, name, getattr(cls, name)) for cls, name, _ in patched]
 
     def counted(fn, key):
-        def wrapper(self, *args, **kw):
-            n[key] += 1
+        def wrapper(self, *args, **kw):  # a forward of a deeper drafter counts once per layer
+            n[key] += len(self.layers) if key == "fwd" else 1
             return fn(self, *args, **kw)
         return wrapper
 
