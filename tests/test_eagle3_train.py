@@ -408,6 +408,10 @@ def test_layers_trains_a_deeper_drafter_and_grows_an_export_that_drafts_as_befor
                           "--train-new-only"]) == 0, capsys.readouterr().err
     mg, cfgg = load_drafter(str(grown / "hf"), target.info, log=io.StringIO())
     assert cfgg.num_hidden_layers == 2
+    capsys.readouterr()
+    assert main(common + ["--out", str(grown), "--minutes", "0.06", "--init-from", str(one / "hf"),
+                          "--layers", "2"]) == 2  # resumed without --train-new-only: everything would learn
+    assert "trained with --train-new-only" in capsys.readouterr().err
     for name in ("fc.weight", "layers.0.self_attn.q_proj.weight", "layers.0.mlp.down_proj.weight", "norm.weight"):
         a, b = (dict(tree_flatten(m.parameters()))[name] for m in (m1, mg))
         np.testing.assert_allclose(np.asarray(a.astype(mx.float32)), np.asarray(b.astype(mx.float32)), atol=1e-6)

@@ -159,7 +159,15 @@ class Attention(nn.Module):
         return self.out(o)
 
 
-class FirstLayer(nn.Module):
+class _Residual(nn.Module):
+    """What every chain layer does after attention: the residual, then the MLP with its own."""
+
+    def finish(self, res: mx.array, a: mx.array) -> mx.array:
+        h = res + a
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class FirstLayer(_Residual):
     """The EAGLE-3 layer: attention over [norm(embedding) | hidden_norm(hidden)]."""
 
     def __init__(self, c: Eagle3Config):
@@ -178,16 +186,12 @@ class FirstLayer(nn.Module):
         res = hn if self.norm_before_residual else hidden
         return mx.concatenate([self.input_layernorm(emb), hn], axis=-1), res
 
-    def finish(self, res: mx.array, a: mx.array) -> mx.array:
-        h = res + a
-        return h + self.mlp(self.post_attention_layernorm(h))
-
     def __call__(self, emb, hidden, pos, cache=None, mask=None):
         x, res = self.attn_input(emb, hidden)
         return self.finish(res, self.self_attn(x, pos, cache, mask))
 
 
-class Layer(nn.Module):
+class Layer(_Residual):
     """Layers 1.. of a deeper EAGLE-3 drafter: plain Llama decoder layers."""
 
     def __init__(self, c: Eagle3Config):
@@ -198,9 +202,13 @@ class Layer(nn.Module):
         self.post_attention_layernorm = nn.RMSNorm(h, eps=c.rms_norm_eps)
         self.mlp = MLP(h, c.intermediate_size)
 
+    def attn_input(self, h: mx.array):
+        """-> (attention input, residual), as `FirstLayer.attn_input` gives them."""
+        return self.input_layernorm(h), h
+
     def __call__(self, h, pos, cache=None, mask=None):
-        h = h + self.self_attn(self.input_layernorm(h), pos, cache, mask)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        x, res = self.attn_input(h)
+        return self.finish(res, self.self_attn(x, pos, cache, mask))
 
 
 class Eagle3Model(nn.Module):

@@ -56,7 +56,8 @@ class _LayerForward:
         return self._qkv(x, offset) + (res,)
 
     def _pre_plain(self, h: mx.array, offset: mx.array):
-        return self._qkv(self.layer.input_layernorm(h), offset) + (h,)
+        x, res = self.layer.attn_input(h)
+        return self._qkv(x, offset) + (res,)
 
     def _qkv(self, x: mx.array, offset: mx.array):
         qkv = x @ self.w_qkv.T
@@ -82,17 +83,10 @@ class _LayerForward:
 class FastForward:
     """Built from a loaded `Eagle3Model` (weights read once: rebuild after changing them)."""
 
-    @staticmethod
-    def supports(model: Eagle3Model) -> bool:
-        return len(model.layers) >= 1
-
     @classmethod
-    def of(cls, model: Eagle3Model, head: mx.array) -> "FastForward | None":
+    def of(cls, model: Eagle3Model, head: mx.array) -> "FastForward":
         """The model's inference forward, built once per set of weights (a drafter is built per
-        request; its traced functions are kept while the weights are the same arrays) or None
-        where it does not apply."""
-        if not cls.supports(model):
-            return None
+        request; its traced functions are kept while the weights are the same arrays)."""
         weights = [a for _, a in tree_flatten([layer.parameters() for layer in model.layers])] + [model.norm.weight, head]
         ff = getattr(model, "_inference_forward", None)
         if ff is None or len(ff.weights) != len(weights) or any(a is not b for a, b in zip(ff.weights, weights)):
@@ -116,10 +110,9 @@ class FastForward:
         return z, mx.argmax(z, axis=-1), top_probability(z)
 
     def __call__(self, emb: mx.array, hidden: mx.array, start: int, caches, mask=None, shared: bool = False) -> mx.array:
-        """Rows [1, L, H] at positions start.. (appended to `caches`, one per layer; a single
-        cache for a one-layer drafter) -> the last layer's pre-norm outputs.
-        shared: every row at position `start` (the nodes of one depth of a tree)."""
-        caches = caches if isinstance(caches, (list, tuple)) else [caches]
+        """Rows [1, L, H] at positions start.. (appended to `caches`, one per layer) -> the last
+        layer's pre-norm outputs. shared: every row at position `start` (the nodes of one depth
+        of a tree)."""
         off = mx.array(start, dtype=mx.int32)
         m = emb.shape[1]
         h = None

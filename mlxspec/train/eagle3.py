@@ -107,12 +107,10 @@ def ttt_hidden(model: Eagle3Model, emb_table: mx.array, taps: mx.array, tokens: 
     for k in range(steps):
         qpos = pos if (k == 0 or sel is None) else sel
         emb = emb_table[tok_pad[:, qpos + k + 1]].astype(h_in.dtype)
-        x, res = model.layers[0].attn_input(emb, h_in)
         for j, layer in enumerate(model.layers):
-            if j:
-                res, x = h, layer.input_layernorm(h)
+            x, res = layer.attn_input(emb, h_in) if j == 0 else layer.attn_input(h)
             attn = layer.self_attn
-            rep, scale = attn.n_heads // attn.n_kv, attn.scale
+            rep = attn.n_heads // attn.n_kv
             q, kk, vv = attn.qkv(x, qpos + k)
             kk, vv = mx.repeat(kk, rep, axis=1), mx.repeat(vv, rep, axis=1)
             if k == 0:
@@ -120,24 +118,29 @@ def ttt_hidden(model: Eagle3Model, emb_table: mx.array, taps: mx.array, tokens: 
             else:
                 extra[j][0].append(kk)
                 extra[j][1].append(vv)
-            K0, V0 = kv0[j]
-            extra_k, extra_v = extra[j]
-            s0 = mx.where(qpos[:, None] >= pos[None], (q * scale) @ K0.transpose(0, 1, 3, 2), -1e30)
-            if extra_k:
-                sd = mx.stack([(q * scale * kj).sum(-1) for kj in extra_k], axis=-1)  # [B, h, m, k]
-                p = mx.softmax(mx.concatenate([s0, sd], axis=-1), axis=-1, precise=True)
-                o = p[..., :n] @ V0
-                for i, vj in enumerate(extra_v):
-                    o = o + p[..., n + i : n + i + 1] * vj
-            else:
-                o = mx.softmax(s0, axis=-1, precise=True) @ V0
-            h = res + attn.out(o)
-            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            o = _attend(q * attn.scale, *kv0[j], *extra[j], qpos, pos)
+            h = layer.finish(res, attn.out(o))
         outs.append(h)
         h_in = model.feedback(h)
         if k == 0 and sel is not None:
             h_in = h_in[:, sel]
     return outs
+
+
+def _attend(q: mx.array, K0: mx.array, V0: mx.array, extra_k: list, extra_v: list, qpos: mx.array,
+            pos: mx.array) -> mx.array:
+    """Scaled queries [B, h, m, d] at qpos over step 0's keys at pos (causal) and, at their own
+    position, the keys of the earlier unrolled steps -> attention outputs [B, h, m, d]."""
+    n = K0.shape[2]
+    s0 = mx.where(qpos[:, None] >= pos[None], q @ K0.transpose(0, 1, 3, 2), -1e30)
+    if not extra_k:
+        return mx.softmax(s0, axis=-1, precise=True) @ V0
+    sd = mx.stack([(q * kj).sum(-1) for kj in extra_k], axis=-1)  # [B, h, m, k]
+    p = mx.softmax(mx.concatenate([s0, sd], axis=-1), axis=-1, precise=True)
+    o = p[..., :n] @ V0
+    for i, vj in enumerate(extra_v):
+        o = o + p[..., n + i : n + i + 1] * vj
+    return o
 
 
 def loss_fn(model: Eagle3Model, frozen: dict, b: dict, tc: Eagle3TrainConfig):
@@ -258,7 +261,6 @@ def init_from_target(model: Eagle3Model, target, taps: list) -> None:
     fc = mx.zeros((H, n * H))
     fc = mx.concatenate([fc[:, : (n - 1) * H], mx.eye(H)], axis=1) + model.fc.weight * 0.1
     model.fc.weight = fc
-    grow_from_target(model, target, 1)
 
 
 def grow_from_target(model: Eagle3Model, target, first: int) -> None:
@@ -432,9 +434,14 @@ def train_eagle3(target, stores, out: str | Path, tc: Eagle3TrainConfig, heldout
         if state["config"]["taps"] != list(tc.taps):
             raise MlxspecError(f"{out}: holds a run with taps {state['config']['taps']}, not {list(tc.taps)}; pass a "
                                "new --out or the same taps")
-        if int(state["config"].get("layers", 1)) != tc.layers:
-            raise MlxspecError(f"{out}: holds a run of {state['config'].get('layers', 1)} chain layer(s), not --layers "
-                               f"{tc.layers}; pass a new --out or --layers {state['config'].get('layers', 1)}")
+        was_layers = int(state["config"].get("layers", 1))
+        if was_layers != tc.layers:
+            raise MlxspecError(f"{out}: holds a run of {was_layers} chain layer(s), not --layers {tc.layers}; pass a "
+                               f"new --out or --layers {was_layers}")
+        if bool(state["config"].get("train_new_only", False)) != tc.train_new_only:
+            was = "with" if state["config"].get("train_new_only") else "without"
+            raise MlxspecError(f"{out}: holds a run trained {was} --train-new-only; pass a new --out or resume it "
+                               f"{was} --train-new-only")
         if bool(state["config"].get("train_head", False)) != tc.train_head:
             was = "with" if state["config"].get("train_head") else "without"
             raise MlxspecError(f"{out}: holds a run trained {was} --train-head; pass a new --out or resume it "
@@ -465,6 +472,7 @@ def train_eagle3(target, stores, out: str | Path, tc: Eagle3TrainConfig, heldout
         grow_from_target(model, target, start_cfg.num_hidden_layers)
     elif tc.init == "target" and not state:
         init_from_target(model, target, tc.taps)
+        grow_from_target(model, target, 1)
     if not tc.train_head:
         model.lm_head.freeze()
     grown = int(state.get("grown_from", 0)) if state else start_cfg.num_hidden_layers if tc.init_from else 0
